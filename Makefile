@@ -1,0 +1,30 @@
+# The README's two commands:  `make demo`  and  `make test`.
+# Both create .venv, install the pinned packages and build the native code,
+# skipping whatever is already done (stamp files under .venv/).
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+NATIVE := $(shell find csrc jit_ops -name '*.cpp' -o -name '*.h' 2>/dev/null)
+
+.PHONY: demo test bench build
+
+demo: $(VENV)/.built
+	$(PY) tutorials/demo.py
+
+test: $(VENV)/.built
+	$(PY) -m pytest tests
+
+bench: $(VENV)/.built
+	$(PY) benchmarks/run_all.py
+
+build: $(VENV)/.built
+
+$(VENV)/.deps: requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	touch $@
+
+$(VENV)/.built: $(VENV)/.deps setup.py $(NATIVE)
+	MAX_JOBS=2 $(PY) -m pip install -q --no-build-isolation -e .
+	touch $@

@@ -1,0 +1,387 @@
+#include "agent/agent.h"
+
+#include <ATen/ops/from_blob.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <random>
+
+#include "common/error.h"
+#include "common/logging.h"
+#include "message/payload.h"
+#include "script_dispatch/run_script.h"
+#include "transport/socket.h"
+
+namespace torchrpc {
+
+namespace {
+
+constexpr double kResponseSendTimeoutSeconds = 300.0;
+constexpr double kGoodbyeTimeoutSeconds = 1.0;
+
+std::chrono::steady_clock::time_point deadlineAfter(double seconds) {
+  if (seconds <= 0) return std::chrono::steady_clock::time_point::max();
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+             std::chrono::duration<double>(seconds));
+}
+
+std::string secondsText(std::chrono::steady_clock::duration d) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f", std::chrono::duration<double>(d).count());
+  return buf;
+}
+
+// A PYTHON_RET payload as a uint8 tensor that owns the bytes (no copy).
+at::Tensor bytesTensor(std::string&& bytes) {
+  auto* owned = new std::string(std::move(bytes));
+  return at::from_blob(owned->data(), {static_cast<int64_t>(owned->size())},
+                       [owned](void*) { delete owned; },
+                       at::TensorOptions().dtype(at::kByte));
+}
+
+}  // namespace
+
+Agent::Agent(AgentOptions options)
+    : options_(std::move(options)),
+      started_(std::chrono::steady_clock::now()),
+      pending_(options_.name) {
+  TORCH_CHECK(options_.numWorkerThreads > 0, "num_worker_threads must be positive");
+  pool_ = std::make_unique<ThreadPool>(options_.numWorkerThreads, options_.name);
+  loop_ = std::make_unique<Loop>(options_.name);
+  listener_ = std::make_unique<Listener>(*loop_, options_.name, [this](int fd, const std::string& desc) {
+    auto conn = std::make_shared<Connection>(*loop_, fd, desc, options_.name);
+    adopt(conn);
+  });
+}
+
+Agent::~Agent() { shutdown(); }
+
+std::pair<std::string, std::string> Agent::listen() {
+  std::random_device rd;
+  char suffix[32];
+  std::snprintf(suffix, sizeof(suffix), "%d-%08x", static_cast<int>(::getpid()), rd());
+  std::string tcp = listener_->listenTcp(options_.listenHost);
+  std::string unixAddr = listener_->listenUnix("torchrpc-" + std::string(suffix));
+  return {tcp, unixAddr};
+}
+
+void Agent::setPeers(std::vector<PeerInfo> peers) {
+  TORCH_CHECK(static_cast<int>(peers.size()) == options_.worldSize, "expected ",
+              options_.worldSize, " peers, got ", peers.size());
+  peers_ = std::move(peers);
+  peerStates_.clear();
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    peerStates_.push_back(std::make_unique<PeerState>());
+  }
+}
+
+void Agent::setHandler(MessageType type, Handler handler) {
+  handlers_[static_cast<uint16_t>(type)] = std::move(handler);
+}
+
+const PeerInfo& Agent::peer(int rank) const {
+  TORCH_CHECK(rank >= 0 && rank < static_cast<int>(peers_.size()), "no worker with rank ", rank,
+              " (world size ", peers_.size(), ")");
+  return peers_[rank];
+}
+
+std::string Agent::peerLabel(int rank) const {
+  if (rank < 0 || rank >= static_cast<int>(peers_.size())) return "rank " + std::to_string(rank);
+  const PeerInfo& p = peers_[rank];
+  if (rank == options_.rank) return p.name;
+  bool local = !p.hostId.empty() && p.hostId == options_.hostId;
+  return p.name + " (" + (local ? p.unixAddress : p.tcpAddress) + ")";
+}
+
+size_t Agent::connectionCount() const {
+  std::lock_guard<std::mutex> lock(connectionsMutex_);
+  return connections_.size();
+}
+
+void Agent::adopt(const std::shared_ptr<Connection>& conn) {
+  {
+    std::lock_guard<std::mutex> lock(connectionsMutex_);
+    connections_[conn->id()] = conn;
+  }
+  conn->start(
+      [this](const std::shared_ptr<Connection>& c, Message&& m) { onMessageFromLoop(c, std::move(m)); },
+      [this](const std::shared_ptr<Connection>& c, const std::string& reason) {
+        onCloseFromLoop(c, reason);
+      });
+}
+
+std::shared_ptr<Connection> Agent::connectionTo(int dst, double timeoutSeconds, std::string* error) {
+  PeerState& state = *peerStates_[dst];
+  {
+    std::lock_guard<std::mutex> lock(state.mutex);
+    if (state.conn && !state.conn->closed()) return state.conn;
+  }
+  std::lock_guard<std::mutex> connecting(state.connectMutex);
+  {
+    std::lock_guard<std::mutex> lock(state.mutex);
+    if (state.conn && !state.conn->closed()) return state.conn;
+  }
+  const PeerInfo& p = peers_[dst];
+  bool local = !p.hostId.empty() && p.hostId == options_.hostId;
+  const std::string& address = local ? p.unixAddress : p.tcpAddress;
+  double connectTimeout = timeoutSeconds > 0 ? std::min(timeoutSeconds, 30.0) : 30.0;
+  int fd = connectTo(address, connectTimeout, error);
+  if (fd < 0) return nullptr;
+  auto conn = std::make_shared<Connection>(*loop_, fd, "connection to " + p.name + " (" + address + ")",
+                                           options_.name);
+  conn->setPeerRank(dst);
+  adopt(conn);
+  Message hello = ivalueMessage(MessageType::kHello, 0,
+                                c10::ivalue::Tuple::create({static_cast<int64_t>(options_.rank), options_.name}));
+  if (!conn->send(std::move(hello), deadlineAfter(connectTimeout), error)) return nullptr;
+  std::lock_guard<std::mutex> lock(state.mutex);
+  state.conn = conn;
+  return conn;
+}
+
+Agent::FuturePtr Agent::send(int dst, Message&& request, double timeoutSeconds,
+                             const std::string& callKind, const std::string& function) {
+  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+  const uint64_t id = pending_.nextId();
+  request.id = id;
+  std::string description = callKind + " #" + std::to_string(id) + " " + options_.name + " -> " +
+                            peerLabel(dst) + " '" + function + "'";
+  if (shuttingDown_.load()) {
+    future->setError(makeRpcError(ErrorKind::kShutdown,
+                                  description + ": torchrpc is shutting down on " + options_.name));
+    return future;
+  }
+  TORCH_CHECK(dst >= 0 && dst < static_cast<int>(peers_.size()), "no worker with rank ", dst);
+  Pending::Call call{future, dst, 0, description, timeoutSeconds, std::chrono::steady_clock::now(),
+                     deadlineAfter(timeoutSeconds)};
+  if (dst == options_.rank) {
+    // A call to oneself skips the transport: straight to the pool.
+    pending_.add(id, std::move(call));
+    pool_->run([this, request = std::move(request)]() mutable {
+      dispatch(std::move(request), options_.rank, [this](Message&& r) { onResponse(std::move(r)); });
+    });
+    return future;
+  }
+  std::string error;
+  auto conn = connectionTo(dst, timeoutSeconds, &error);
+  if (!conn) {
+    future->setError(makeRpcError(ErrorKind::kPeerUnreachable,
+                                  description + ": cannot connect: " + error + ". Is " +
+                                      peers_[dst].name + " still running? Check its log."));
+    return future;
+  }
+  call.connectionId = conn->id();
+  auto deadline = call.deadline;
+  pending_.add(id, std::move(call));
+  bool sent;
+  try {
+    sent = conn->send(std::move(request), deadline, &error);
+  } catch (...) {
+    pending_.take(id);  // e.g. an unsupported tensor: the caller gets the error
+    throw;
+  }
+  if (!sent) {
+    if (auto failed = pending_.take(id)) {
+      failed->future->setErrorIfNeeded(
+          makeRpcError(ErrorKind::kPeerUnreachable, description + ": " + error));
+    }
+  }
+  return future;
+}
+
+void Agent::onResponse(Message&& m) {
+  auto call = pending_.take(m.id);
+  if (!call) {
+    TORCHRPC_DEBUG(options_.name, "dropping a late response #" << m.id << " ("
+                                      << messageTypeName(m.type) << "): the call already failed");
+    return;
+  }
+  try {
+    switch (m.type) {
+      case MessageType::kScriptRet:
+        call->future->markCompleted(messageIValue(m));
+        return;
+      case MessageType::kPythonRet: {
+        c10::List<at::Tensor> tensors;
+        for (auto& t : m.tensors) tensors.push_back(std::move(t));
+        call->future->markCompleted(
+            c10::ivalue::Tuple::create({bytesTensor(std::move(m.payload)), std::move(tensors)}));
+        return;
+      }
+      case MessageType::kException: {
+        RemoteException e = messageException(m);
+        call->future->setError(makeRpcError(
+            ErrorKind::kRemote,
+            e.message + " (raised on " + e.worker + " while running '" + e.function + "')",
+            e.type, e.traceback));
+        return;
+      }
+      default:
+        break;
+    }
+    call->future->setError(makeRpcError(ErrorKind::kGeneric, call->description +
+                                                                 ": unexpected response type " +
+                                                                 messageTypeName(m.type)));
+  } catch (const std::exception& e) {
+    call->future->setErrorIfNeeded(makeRpcError(
+        ErrorKind::kGeneric, call->description + ": cannot decode the response: " + e.what()));
+  }
+}
+
+void Agent::dispatch(Message&& request, int callerRank, Responder respond) {
+  switch (request.type) {
+    case MessageType::kScriptCall:
+    case MessageType::kBuiltinCall:
+      script_dispatch::run(std::move(request), registry_,
+                           [this](std::function<void()> fn) { pool_->run(std::move(fn)); },
+                           options_.name, std::move(respond));
+      return;
+    default: {
+      auto it = handlers_.find(static_cast<uint16_t>(request.type));
+      if (it != handlers_.end()) {
+        it->second(std::move(request), callerRank, std::move(respond));
+        return;
+      }
+      respond(exceptionMessage(
+          request.id, RemoteException{"RuntimeError",
+                                      std::string("worker ") + options_.name +
+                                          " cannot handle " + messageTypeName(request.type) +
+                                          " requests (no handler installed)",
+                                      "", messageTypeName(request.type), options_.name}));
+    }
+  }
+}
+
+void Agent::respondOn(const std::shared_ptr<Connection>& conn, Message&& response) {
+  uint64_t id = response.id;
+  std::string error;
+  if (!conn->send(std::move(response), deadlineAfter(kResponseSendTimeoutSeconds), &error)) {
+    TORCHRPC_WARN(options_.name, "cannot send the response to request #"
+                                     << id << " from " << peerLabel(conn->peerRank()) << ": "
+                                     << error);
+  }
+}
+
+void Agent::onHelloFromLoop(const std::shared_ptr<Connection>& conn, Message&& m) {
+  int rank = -1;
+  std::string name;
+  try {
+    auto t = messageIValue(m).toTuple();
+    rank = static_cast<int>(t->elements().at(0).toInt());
+    name = t->elements().at(1).toStringRef();
+  } catch (const std::exception& e) {
+    conn->close(std::string("malformed HELLO: ") + e.what());
+    return;
+  }
+  if (rank < 0 || rank >= static_cast<int>(peers_.size()) || peers_[rank].name != name) {
+    TORCHRPC_WARN(options_.name, "rejecting " << conn->description() << ": it introduced itself as '"
+                                              << name << "' rank " << rank
+                                              << ", which is not a worker of this job");
+    conn->close("HELLO from an unknown worker");
+    return;
+  }
+  conn->setPeerRank(rank);
+  // Reuse the peer's connection for our own requests, unless we opened one too.
+  PeerState& state = *peerStates_[rank];
+  std::lock_guard<std::mutex> lock(state.mutex);
+  if (!state.conn || state.conn->closed()) state.conn = conn;
+}
+
+void Agent::onMessageFromLoop(const std::shared_ptr<Connection>& conn, Message&& m) {
+  if (m.type == MessageType::kHello) {
+    onHelloFromLoop(conn, std::move(m));
+    return;
+  }
+  if (conn->peerRank() < 0) {
+    TORCHRPC_WARN(options_.name, "closing " << conn->description() << ": its first frame was "
+                                            << messageTypeName(m.type) << ", not HELLO");
+    conn->close("protocol error: no HELLO");
+    return;
+  }
+  if (m.type == MessageType::kGoodbye) {
+    saidGoodbye_.insert(conn->id());
+    return;
+  }
+  if (isResponse(m.type)) {
+    onResponse(std::move(m));
+    return;
+  }
+  if (isRequest(m.type)) {
+    int caller = conn->peerRank();
+    pool_->run([this, conn, caller, m = std::move(m)]() mutable {
+      dispatch(std::move(m), caller, [this, conn](Message&& r) { respondOn(conn, std::move(r)); });
+    });
+    return;
+  }
+  conn->close(std::string("protocol error: unexpected ") + messageTypeName(m.type));
+}
+
+void Agent::onCloseFromLoop(const std::shared_ptr<Connection>& conn, const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(connectionsMutex_);
+    connections_.erase(conn->id());
+  }
+  int rank = conn->peerRank();
+  if (rank >= 0 && rank < static_cast<int>(peerStates_.size())) {
+    PeerState& state = *peerStates_[rank];
+    std::lock_guard<std::mutex> lock(state.mutex);
+    if (state.conn == conn) state.conn.reset();
+  }
+  bool goodbye = saidGoodbye_.erase(conn->id()) > 0;
+  std::string peerName = rank >= 0 && rank < static_cast<int>(peers_.size()) ? peers_[rank].name
+                                                                            : "the peer";
+  if (shuttingDown_.load()) {
+    pending_.failConnection(conn->id(), ErrorKind::kShutdown, [&](const Pending::Call& c) {
+      return c.description + ": torchrpc shut down on " + options_.name + " before a response arrived";
+    });
+    return;
+  }
+  if (!goodbye && rank >= 0) {
+    TORCHRPC_DEBUG(options_.name, "lost " << conn->description() << ": " << reason);
+  }
+  pending_.failConnection(conn->id(), ErrorKind::kPeerUnreachable, [&](const Pending::Call& c) {
+    std::string elapsed = secondsText(std::chrono::steady_clock::now() - c.start);
+    if (goodbye) {
+      return c.description + ": " + peerName + " shut down after " + elapsed +
+             " s, before a response arrived";
+    }
+    return c.description + ": " + reason + " after " + elapsed + " s, before a response arrived; " +
+           peerName + " may have exited, check its log";
+  });
+}
+
+size_t Agent::waitPending(double timeoutSeconds) {
+  return pending_.waitEmpty(deadlineAfter(timeoutSeconds));
+}
+
+void Agent::shutdown() {
+  if (stopped_.exchange(true)) return;
+  shuttingDown_.store(true);
+  listener_->close();
+  std::vector<std::shared_ptr<Connection>> conns;
+  {
+    std::lock_guard<std::mutex> lock(connectionsMutex_);
+    for (auto& kv : connections_) conns.push_back(kv.second);
+  }
+  for (auto& conn : conns) {
+    std::string ignored;
+    Message bye;
+    bye.type = MessageType::kGoodbye;
+    conn->send(std::move(bye), deadlineAfter(kGoodbyeTimeoutSeconds), &ignored);
+    conn->close("torchrpc shut down on " + options_.name);
+  }
+  pending_.failAll(ErrorKind::kShutdown,
+                   "torchrpc shut down on " + options_.name + " before a response arrived");
+  if (!pool_->stop(/*timeoutSeconds=*/10.0)) {
+    (void)pool_.release();  // its detached threads still use it
+  }
+  loop_->stop();
+  pending_.stop();
+  for (auto& state : peerStates_) {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    state->conn.reset();
+  }
+}
+
+}  // namespace torchrpc

@@ -1,0 +1,130 @@
+#pragma once
+
+// Agent: one per initialised worker. It owns the loop, the listener, the
+// connections, the thread pool and the table of pending calls, and is the only
+// component that knows request ids and deadlines.
+//
+// Flow. send() assigns an id, records the call in Pending, picks (or lazily
+// opens) the connection to the peer and writes the frame; it returns a future.
+// On the callee, the loop hands each request to the pool, where one switch on
+// the message type picks the handler (script_dispatch for script/builtin
+// calls, the Python bridge's handler for Python calls); the handler responds
+// exactly once, on the connection the request came from. Responses complete the
+// caller's future on its loop thread.
+//
+// Threads: public methods may be called from any thread, except shutdown(),
+// which must not be called from a pool or loop thread. Callers in Python must
+// release the GIL around shutdown() and future waits.
+
+#include <ATen/core/ivalue.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "agent/pending.h"
+#include "agent/thread_pool.h"
+#include "message/message.h"
+#include "script_dispatch/registry.h"
+#include "transport/connection.h"
+#include "transport/listener.h"
+#include "transport/loop.h"
+
+namespace torchrpc {
+
+struct AgentOptions {
+  std::string name;
+  int rank{0};
+  int worldSize{1};
+  size_t numWorkerThreads{16};
+  std::string listenHost{"127.0.0.1"};  // TCP interface to listen on
+  std::string hostId;                   // peers with the same id use Unix sockets
+};
+
+struct PeerInfo {
+  std::string name;
+  int rank{0};
+  std::string tcpAddress;
+  std::string unixAddress;
+  std::string hostId;
+};
+
+class Agent {
+ public:
+  using FuturePtr = c10::intrusive_ptr<c10::ivalue::Future>;
+  using Responder = std::function<void(Message&&)>;
+  // Runs on a pool thread; must call respond exactly once (maybe later).
+  using Handler = std::function<void(Message&& request, int callerRank, Responder respond)>;
+
+  explicit Agent(AgentOptions options);
+  ~Agent();
+
+  // Starts listening; returns {tcpAddress, unixAddress} to publish.
+  std::pair<std::string, std::string> listen();
+  // The whole job's table, indexed by rank; after the rendezvous.
+  void setPeers(std::vector<PeerInfo> peers);
+  void setHandler(MessageType type, Handler handler);
+
+  // Sends a request to rank dst. The future completes with the response's
+  // value: SCRIPT_RET's IValue, or for PYTHON_RET a tuple (payload as a uint8
+  // tensor, list of tensors); or fails with an RpcError. callKind and function
+  // name the call in errors: "rpc_sync #7 worker0 -> worker1 (addr) 'f'".
+  // timeoutSeconds <= 0 means no deadline.
+  FuturePtr send(int dst, Message&& request, double timeoutSeconds, const std::string& callKind,
+                 const std::string& function);
+
+  // Waits until no call of this worker is pending; returns how many still are.
+  size_t waitPending(double timeoutSeconds);
+  // Stops serving: GOODBYE to every peer, fails what is pending, joins threads.
+  void shutdown();
+
+  const AgentOptions& options() const { return options_; }
+  const PeerInfo& peer(int rank) const;
+  script_dispatch::Registry& registry() { return registry_; }
+  ThreadPool& pool() { return *pool_; }
+  size_t pendingCount() const { return pending_.size(); }
+  size_t connectionCount() const;
+
+ private:
+  struct PeerState {
+    std::mutex connectMutex;  // one connection attempt at a time
+    std::mutex mutex;         // guards conn
+    std::shared_ptr<Connection> conn;  // used for sending requests
+  };
+
+  std::shared_ptr<Connection> connectionTo(int dst, double timeoutSeconds, std::string* error);
+  void adopt(const std::shared_ptr<Connection>& conn);
+  void onMessageFromLoop(const std::shared_ptr<Connection>& conn, Message&& m);
+  void onCloseFromLoop(const std::shared_ptr<Connection>& conn, const std::string& reason);
+  void onHelloFromLoop(const std::shared_ptr<Connection>& conn, Message&& m);
+  void onResponse(Message&& m);
+  void dispatch(Message&& request, int callerRank, Responder respond);
+  void respondOn(const std::shared_ptr<Connection>& conn, Message&& response);
+  std::string peerLabel(int rank) const;
+
+  const AgentOptions options_;
+  std::vector<PeerInfo> peers_;
+  std::vector<std::unique_ptr<PeerState>> peerStates_;
+  std::unordered_map<uint16_t, Handler> handlers_;
+  script_dispatch::Registry registry_;
+  const std::chrono::steady_clock::time_point started_;
+
+  Pending pending_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<Loop> loop_;
+  std::unique_ptr<Listener> listener_;
+
+  mutable std::mutex connectionsMutex_;
+  std::unordered_map<uint64_t, std::shared_ptr<Connection>> connections_;
+  std::unordered_set<uint64_t> saidGoodbye_;  // loop thread only
+  std::atomic<bool> shuttingDown_{false};
+  std::atomic<bool> stopped_{false};
+};
+
+}  // namespace torchrpc

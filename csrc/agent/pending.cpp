@@ -1,0 +1,128 @@
+#include "agent/pending.h"
+
+#include <cstdio>
+
+namespace torchrpc {
+
+Pending::Pending(std::string workerName) : workerName_(std::move(workerName)) {
+  sweeper_ = std::thread([this] { sweep(); });
+}
+
+Pending::~Pending() { stop(); }
+
+void Pending::add(uint64_t id, Call call) {
+  bool earliest = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (call.timeoutSeconds > 0) {
+      auto key = std::make_pair(call.deadline, id);
+      earliest = deadlines_.empty() || key < *deadlines_.begin();
+      deadlines_.insert(key);
+    }
+    calls_.emplace(id, std::move(call));
+  }
+  if (earliest) cv_.notify_one();
+}
+
+void Pending::setConnection(uint64_t id, uint64_t connectionId) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = calls_.find(id);
+  if (it != calls_.end()) it->second.connectionId = connectionId;
+}
+
+std::optional<Pending::Call> Pending::take(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = calls_.find(id);
+  if (it == calls_.end()) return std::nullopt;
+  Call call = std::move(it->second);
+  calls_.erase(it);
+  if (call.timeoutSeconds > 0) deadlines_.erase({call.deadline, id});
+  if (calls_.empty()) emptyCv_.notify_all();
+  return call;
+}
+
+void Pending::failConnection(uint64_t connectionId, ErrorKind kind,
+                             const std::function<std::string(const Call&)>& why) {
+  std::vector<Call> failed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = calls_.begin(); it != calls_.end();) {
+      if (it->second.connectionId == connectionId) {
+        if (it->second.timeoutSeconds > 0) deadlines_.erase({it->second.deadline, it->first});
+        failed.push_back(std::move(it->second));
+        it = calls_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (calls_.empty()) emptyCv_.notify_all();
+  }
+  for (Call& c : failed) {
+    c.future->setErrorIfNeeded(makeRpcError(kind, why(c)));
+  }
+}
+
+void Pending::failAll(ErrorKind kind, const std::string& why) {
+  std::vector<Call> failed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& kv : calls_) failed.push_back(std::move(kv.second));
+    calls_.clear();
+    deadlines_.clear();
+    emptyCv_.notify_all();
+  }
+  for (Call& c : failed) {
+    c.future->setErrorIfNeeded(makeRpcError(kind, c.description + ": " + why));
+  }
+}
+
+size_t Pending::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return calls_.size();
+}
+
+size_t Pending::waitEmpty(Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  emptyCv_.wait_until(lock, deadline, [this] { return calls_.empty(); });
+  return calls_.size();
+}
+
+void Pending::sweep() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    if (deadlines_.empty()) {
+      cv_.wait(lock);
+      continue;
+    }
+    auto first = *deadlines_.begin();
+    if (Clock::now() < first.first) {
+      cv_.wait_until(lock, first.first);
+      continue;
+    }
+    deadlines_.erase(deadlines_.begin());
+    auto it = calls_.find(first.second);
+    if (it == calls_.end()) continue;
+    Call call = std::move(it->second);
+    calls_.erase(it);
+    if (calls_.empty()) emptyCv_.notify_all();
+    lock.unlock();
+    char secs[32];
+    std::snprintf(secs, sizeof(secs), "%.3g", call.timeoutSeconds);
+    call.future->setErrorIfNeeded(makeRpcError(
+        ErrorKind::kTimeout,
+        call.description + " timed out after " + secs +
+            " s (set by the timeout= argument, or RpcOptions.rpc_timeout by default)"));
+    lock.lock();
+  }
+}
+
+void Pending::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (sweeper_.joinable()) sweeper_.join();
+}
+
+}  // namespace torchrpc

@@ -1,0 +1,79 @@
+#pragma once
+
+// Pending: the calls this worker is waiting on. Only the agent uses it.
+// It knows request ids, deadlines and which connection each call went out on,
+// so a response, a deadline or a closed connection completes each future
+// exactly once. A sweeper thread sleeps until the earliest deadline (no
+// polling; an idle worker with no calls in flight sleeps forever).
+
+#include <ATen/core/ivalue.h>
+
+#include <atomic>
+#include <chrono>
+#include <optional>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/error.h"
+
+namespace torchrpc {
+
+class Pending {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using FuturePtr = c10::intrusive_ptr<c10::ivalue::Future>;
+
+  struct Call {
+    FuturePtr future;
+    int peer{-1};
+    uint64_t connectionId{0};
+    std::string description;  // "rpc_sync #7 worker0 -> worker1 'fn'"
+    double timeoutSeconds{0};  // 0: none
+    Clock::time_point start;
+    Clock::time_point deadline;
+  };
+
+  explicit Pending(std::string workerName);
+  ~Pending();
+
+  uint64_t nextId() { return nextId_.fetch_add(1); }
+  void add(uint64_t id, Call call);
+  void setConnection(uint64_t id, uint64_t connectionId);
+  // Removes and returns the call, if it is still pending.
+  std::optional<Call> take(uint64_t id);
+
+  // Fails every call sent on this connection; `why` gets the call description.
+  void failConnection(uint64_t connectionId, ErrorKind kind,
+                      const std::function<std::string(const Call&)>& why);
+  // Fails everything (local shutdown).
+  void failAll(ErrorKind kind, const std::string& why);
+
+  size_t size() const;
+  // Blocks until no call is pending or the deadline passes; returns size().
+  size_t waitEmpty(Clock::time_point deadline);
+
+  void stop();
+
+ private:
+  void sweep();
+
+  const std::string workerName_;
+  std::atomic<uint64_t> nextId_{1};
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;       // sweeper wake-ups
+  std::condition_variable emptyCv_;  // waitEmpty
+  std::unordered_map<uint64_t, Call> calls_;
+  std::set<std::pair<Clock::time_point, uint64_t>> deadlines_;
+  bool stopping_{false};
+  std::thread sweeper_;
+};
+
+}  // namespace torchrpc

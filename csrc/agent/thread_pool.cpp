@@ -1,0 +1,83 @@
+#include "agent/thread_pool.h"
+
+#include <chrono>
+#include <exception>
+
+#include "common/logging.h"
+
+namespace torchrpc {
+
+ThreadPool::ThreadPool(size_t numThreads, std::string workerName)
+    : workerName_(std::move(workerName)) {
+  threads_.reserve(numThreads);
+  alive_ = numThreads;
+  for (size_t i = 0; i < numThreads; ++i) {
+    threads_.emplace_back([this] { work(); });
+  }
+}
+
+ThreadPool::~ThreadPool() { stop(); }
+
+void ThreadPool::run(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tasks_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+}
+
+size_t ThreadPool::busy() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return tasks_.size() + running_;
+}
+
+void ThreadPool::work() {
+  while (true) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+      if (tasks_.empty()) {  // stopping and drained
+        --alive_;
+        exited_.notify_all();
+        return;
+      }
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+      ++running_;
+    }
+    try {
+      task();
+    } catch (const std::exception& e) {
+      // Handlers turn their own errors into responses; this is a bug guard.
+      TORCHRPC_WARN(workerName_, "uncaught exception in a pool task: " << e.what());
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    --running_;
+  }
+}
+
+bool ThreadPool::stop(double timeoutSeconds) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  stopping_ = true;
+  cv_.notify_all();
+  bool finished = exited_.wait_for(lock, std::chrono::duration<double>(timeoutSeconds),
+                                   [this] { return alive_ == 0; });
+  lock.unlock();
+  for (auto& t : threads_) {
+    if (!t.joinable() || t.get_id() == std::this_thread::get_id()) continue;
+    if (finished) {
+      t.join();
+    } else {
+      t.detach();
+    }
+  }
+  if (!finished) {
+    TORCHRPC_WARN(workerName_, "shutdown: " << busy()
+                                  << " task(s) still running after " << timeoutSeconds
+                                  << " s; leaving their threads behind");
+  }
+  return finished;
+}
+
+}  // namespace torchrpc

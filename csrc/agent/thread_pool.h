@@ -1,0 +1,46 @@
+#pragma once
+
+// ThreadPool: a fixed set of threads that run request handlers. Threads sleep
+// on a condition variable when idle (no polling). Tasks run in FIFO order.
+// run() may be called from any thread; stop() runs what is queued, then joins.
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace torchrpc {
+
+class ThreadPool {
+ public:
+  ThreadPool(size_t numThreads, std::string workerName);
+  ~ThreadPool();
+
+  void run(std::function<void()> task);
+  // Lets queued and running tasks finish, up to timeoutSeconds; returns false
+  // if some thread is still busy then (its threads are detached and the pool
+  // must be leaked, not destroyed).
+  bool stop(double timeoutSeconds = 1e9);
+
+  size_t size() const { return threads_.size(); }
+  // Tasks queued or running; for shutdown and debugging.
+  size_t busy() const;
+
+ private:
+  void work();
+
+  const std::string workerName_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  size_t running_{0};
+  size_t alive_{0};
+  std::condition_variable exited_;
+  bool stopping_{false};
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace torchrpc

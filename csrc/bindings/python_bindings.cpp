@@ -1,0 +1,169 @@
+// The only pybind11 module: glue between torchrpc/*.py and the C++ core.
+// No logic lives here beyond converting values and releasing the GIL around
+// every blocking call.
+
+#include <torch/csrc/jit/api/compilation_unit.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/jit/runtime/operator.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <chrono>
+#include <thread>
+
+#include "agent/agent.h"
+#include "common/error.h"
+#include "python_fallback/run_python.h"
+#include "script_dispatch/run_script.h"
+
+namespace py = pybind11;
+using torchrpc::Agent;
+
+namespace {
+
+// A call in flight, as Python sees it. result() gives (True, value) or
+// (False, (kind, message, remote_type, remote_traceback)); torchrpc.errors
+// turns the latter into an exception.
+struct Call {
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+
+  py::tuple result() const {
+    {
+      py::gil_scoped_release nogil;
+      future->wait();
+    }
+    if (!future->hasError()) {
+      return py::make_tuple(true, torch::jit::toPyObject(future->value()));
+    }
+    try {
+      std::rethrow_exception(future->exception_ptr());
+    } catch (const torchrpc::RpcError& e) {
+      return py::make_tuple(false, py::make_tuple(static_cast<int>(e.kind()), e.message(),
+                                                  e.remoteType(), e.remoteTraceback()));
+    } catch (const c10::Error& e) {
+      return py::make_tuple(false, py::make_tuple(0, e.what_without_backtrace(), "", ""));
+    } catch (const std::exception& e) {
+      return py::make_tuple(false, py::make_tuple(0, std::string(e.what()), "", ""));
+    }
+  }
+
+  void addDoneCallback(py::object fn) {
+    auto callback = std::shared_ptr<py::object>(new py::object(std::move(fn)), [](py::object* p) {
+      py::gil_scoped_acquire gil;
+      delete p;
+    });
+    future->addCallback([callback](c10::ivalue::Future&) {
+      py::gil_scoped_acquire gil;
+      try {
+        (*callback)();
+      } catch (py::error_already_set& e) {
+        // The callback completes a torch.futures.Future and reports its own
+        // errors there; anything reaching here is printed, never swallowed.
+        e.restore();
+        PyErr_Print();
+      }
+    });
+  }
+};
+
+Call sendOrRaise(Agent& agent, int dst, torchrpc::Message&& m, double timeout,
+                 const std::string& kind, const std::string& function) {
+  py::gil_scoped_release nogil;
+  return Call{agent.send(dst, std::move(m), timeout, kind, function)};
+}
+
+std::vector<c10::IValue> stackFor(const c10::FunctionSchema& schema, const py::tuple& args,
+                                  const py::dict& kwargs) {
+  return torch::jit::createStackForSchema(schema, torch::jit::tuple_slice(args),
+                                          py::reinterpret_borrow<py::kwargs>(kwargs), std::nullopt);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torchrpc native core (internal; use the torchrpc package)";
+
+  py::class_<Call>(m, "Call")
+      .def("result", &Call::result)
+      .def("done", [](const Call& c) { return c.future->completed(); })
+      .def("add_done_callback", &Call::addDoneCallback);
+
+  py::class_<Agent, std::shared_ptr<Agent>>(m, "Agent")
+      .def(py::init([](const std::string& name, int rank, int worldSize, size_t numThreads,
+                       const std::string& listenHost, const std::string& hostId) {
+             torchrpc::AgentOptions o;
+             o.name = name;
+             o.rank = rank;
+             o.worldSize = worldSize;
+             o.numWorkerThreads = numThreads;
+             o.listenHost = listenHost;
+             o.hostId = hostId;
+             return std::make_shared<Agent>(o);
+           }),
+           py::arg("name"), py::arg("rank"), py::arg("world_size"), py::arg("num_worker_threads"),
+           py::arg("listen_host"), py::arg("host_id"))
+      .def("listen", &Agent::listen)
+      .def("set_peers",
+           [](Agent& a, const std::vector<std::tuple<std::string, int, std::string, std::string, std::string>>& peers) {
+             std::vector<torchrpc::PeerInfo> out;
+             for (const auto& [name, rank, tcp, unixAddr, host] : peers) {
+               out.push_back(torchrpc::PeerInfo{name, rank, tcp, unixAddr, host});
+             }
+             a.setPeers(std::move(out));
+           })
+      .def("set_python_handler",
+           [](Agent& a, py::object fn) { torchrpc::python_fallback::installPythonHandler(a, std::move(fn)); })
+      .def("set_script_resolver",
+           [](Agent& a, py::object fn) { torchrpc::python_fallback::installScriptResolver(a, std::move(fn)); })
+      .def("register_script",
+           [](Agent& a, const std::string& name, py::handle fn) {
+             a.registry().add(name, torchrpc::python_fallback::calleeFromPython(fn));
+           })
+      .def("script_call",
+           [](Agent& a, int dst, const std::string& name, const std::string& moduleHint, py::handle fn,
+              py::tuple args, py::dict kwargs, double timeout, const std::string& kind) {
+             auto f = py::cast<torch::jit::StrongFunctionPtr>(fn);
+             auto stack = stackFor(f.function_->getSchema(), args, kwargs);
+             return sendOrRaise(a, dst, torchrpc::script_dispatch::scriptCallMessage(name, moduleHint, std::move(stack)),
+                                timeout, kind, name);
+           })
+      .def("builtin_call",
+           [](Agent& a, int dst, const std::string& opName, py::tuple args, py::dict kwargs, double timeout,
+              const std::string& kind) {
+             std::string errors;
+             for (const auto& op : torch::jit::getAllOperatorsFor(c10::Symbol::fromQualString(opName))) {
+               const auto& schema = op->schema();
+               std::vector<c10::IValue> stack;
+               try {
+                 stack = stackFor(schema, args, kwargs);
+               } catch (const std::exception& e) {
+                 errors += "\n  " + c10::toString(schema) + ": " + e.what();
+                 continue;
+               }
+               std::string full = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
+               return sendOrRaise(a, dst, torchrpc::script_dispatch::builtinCallMessage(full, std::move(stack)),
+                                  timeout, kind, full);
+             }
+             throw py::type_error("no overload of builtin '" + opName +
+                                  "' accepts these arguments; the candidates said:" + errors);
+           })
+      .def("python_call",
+           [](Agent& a, int dst, py::bytes payload, std::vector<at::Tensor> tensors, double timeout,
+              const std::string& kind, const std::string& function) {
+             torchrpc::Message msg;
+             msg.type = torchrpc::MessageType::kPythonCall;
+             msg.payload = std::string(payload);
+             msg.tensors = std::move(tensors);
+             return sendOrRaise(a, dst, std::move(msg), timeout, kind, function);
+           })
+      .def("wait_pending", &Agent::waitPending, py::call_guard<py::gil_scoped_release>())
+      .def("shutdown", &Agent::shutdown, py::call_guard<py::gil_scoped_release>())
+      .def("pending_count", &Agent::pendingCount)
+      .def("connection_count", &Agent::connectionCount)
+      .def("script_names", [](Agent& a) { return a.registry().names(); });
+
+  // Test helper: holds the GIL (never releasing it) for `seconds`, so tests can
+  // prove that script calls on this worker complete without it.
+  m.def("_hold_gil_for_test", [](double seconds) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  });
+}

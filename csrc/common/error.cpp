@@ -1,0 +1,40 @@
+#include "common/error.h"
+
+#include <cstring>
+
+namespace torchrpc {
+
+namespace {
+std::string fullText(const std::string& message, const std::string& remoteType,
+                     const std::string& remoteTraceback) {
+  std::string text = remoteType.empty() ? message : remoteType + ": " + message;
+  if (!remoteTraceback.empty()) {
+    text += "\nRemote traceback:\n" + remoteTraceback;
+  }
+  return text;
+}
+}  // namespace
+
+RpcError::RpcError(ErrorKind kind, std::string message, std::string remoteType,
+                   std::string remoteTraceback)
+    : c10::Error(fullText(message, remoteType, remoteTraceback), /*backtrace=*/nullptr),
+      kind_(kind),
+      message_(std::move(message)),
+      remoteType_(std::move(remoteType)),
+      remoteTraceback_(std::move(remoteTraceback)) {}
+
+std::exception_ptr makeRpcError(ErrorKind kind, std::string message,
+                                std::string remoteType,
+                                std::string remoteTraceback) {
+  return std::make_exception_ptr(RpcError(kind, std::move(message),
+                                          std::move(remoteType),
+                                          std::move(remoteTraceback)));
+}
+
+std::string errnoMessage(const char* what, int err) {
+  char buf[256];
+  const char* text = strerror_r(err, buf, sizeof(buf));
+  return std::string(what) + ": " + text + " (errno " + std::to_string(err) + ")";
+}
+
+}  // namespace torchrpc

@@ -1,0 +1,49 @@
+#pragma once
+
+// Errors that cross threads travel as values: a future is completed with an
+// RpcError (a c10::Error, so TorchScript and C++ callers can catch it as usual)
+// that also carries a machine-readable kind. The Python layer turns the kind into
+// the matching class of torchrpc.errors; nothing else parses messages.
+
+#include <c10/util/Exception.h>
+
+#include <exception>
+#include <string>
+
+namespace torchrpc {
+
+// Numbers are part of the Python binding (errors.py maps them); never renumber.
+enum class ErrorKind : int {
+  kGeneric = 0,          // an RpcError with no more specific class
+  kTimeout = 1,          // the deadline of a call passed before its response came
+  kPeerUnreachable = 2,  // the connection to the peer failed or closed
+  kRemote = 3,           // the callee raised; remoteType/remoteTraceback are set
+  kShutdown = 4,         // the local agent shut down before the call completed
+};
+
+class RpcError : public c10::Error {
+ public:
+  RpcError(ErrorKind kind, std::string message, std::string remoteType = "",
+           std::string remoteTraceback = "");
+
+  ErrorKind kind() const { return kind_; }
+  // The bare message, without the remote traceback appended to what().
+  const std::string& message() const { return message_; }
+  const std::string& remoteType() const { return remoteType_; }
+  const std::string& remoteTraceback() const { return remoteTraceback_; }
+
+ private:
+  ErrorKind kind_;
+  std::string message_;
+  std::string remoteType_;
+  std::string remoteTraceback_;
+};
+
+std::exception_ptr makeRpcError(ErrorKind kind, std::string message,
+                                std::string remoteType = "",
+                                std::string remoteTraceback = "");
+
+// errno as text, for transport errors: "connect: Connection refused (errno 111)".
+std::string errnoMessage(const char* what, int err);
+
+}  // namespace torchrpc

@@ -1,0 +1,38 @@
+#pragma once
+
+#include <cstdint>
+
+namespace torchrpc {
+
+// Every kind of frame on the wire. The numbers ARE the wire format: never
+// renumber or reuse one; leave the gaps for the concept that owns them.
+enum class MessageType : uint16_t {
+  // Connection control (1-9).
+  kHello = 1,    // first frame of a connection: the connector's rank and name
+  kGoodbye = 2,  // orderly close: the sender shuts down, nothing more will come
+
+  // Calls (10-29). Requests have a request id; responses echo it.
+  kScriptCall = 10,   // TorchScript function by registered name (no GIL)
+  kBuiltinCall = 11,  // operator by schema name, run through the dispatcher
+  kPythonCall = 12,   // cloudpickled callable, run under the GIL
+  kScriptRet = 20,    // result of a script or builtin call (an IValue)
+  kPythonRet = 21,    // result of a Python call (Python pickle + tensors)
+  kException = 29,    // the callee failed: type, message, traceback
+
+  // RRef protocol (30-49): reserved for remote()/RRef.
+  // Distributed autograd (50-69): reserved.
+};
+
+inline bool isRequest(MessageType t) {
+  return t == MessageType::kScriptCall || t == MessageType::kBuiltinCall ||
+         t == MessageType::kPythonCall;
+}
+
+inline bool isResponse(MessageType t) {
+  return t == MessageType::kScriptRet || t == MessageType::kPythonRet ||
+         t == MessageType::kException;
+}
+
+const char* messageTypeName(MessageType t);
+
+}  // namespace torchrpc

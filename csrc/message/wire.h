@@ -1,0 +1,99 @@
+#pragma once
+
+// The frame format. One frame per Message:
+//
+//   FrameHeader (32 bytes, little endian)
+//   payload                      payloadLen bytes
+//   tensor descriptors           descLen bytes: per tensor
+//                                  u8 dtype, u8 ndim, u16 0, u32 0,
+//                                  i64 sizes[ndim], u64 nbytes
+//   tensor data                  each tensor's nbytes, in order, contiguous
+//
+// Sending writes the header+payload+descriptors from one buffer and each
+// tensor straight from its storage (writev, no copy). Receiving allocates each
+// tensor from its descriptor and reads its bytes straight into it. Every field
+// is validated before anything is allocated: a frame that fails validation is
+// an error for that connection only.
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "message/message.h"
+
+namespace torchrpc {
+
+constexpr uint32_t kFrameMagic = 0x43505254;  // "TRPC"
+constexpr uint16_t kWireVersion = 1;
+constexpr uint64_t kMaxPayloadBytes = 1ull << 31;  // pickles above 2 GB: use tensors
+constexpr uint32_t kMaxTensorsPerFrame = 1u << 16;
+constexpr uint32_t kMaxTensorDims = 64;
+constexpr uint64_t kMaxTensorBytes = 1ull << 40;  // 1 TB: only a sanity bound
+
+#pragma pack(push, 1)
+struct FrameHeader {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t type;
+  uint64_t id;
+  uint64_t payloadLen;
+  uint32_t numTensors;
+  uint32_t descLen;
+};
+#pragma pack(pop)
+static_assert(sizeof(FrameHeader) == 32, "FrameHeader is 32 bytes on the wire");
+
+// A message ready to be written: one prefix buffer and the tensors, in order.
+struct OutgoingFrame {
+  std::string prefix;               // header + payload + descriptors
+  std::vector<at::Tensor> tensors;  // contiguous; kept alive until written
+  uint64_t totalBytes() const;
+  // Fills iov with the unwritten remainder, starting `offset` bytes in.
+  // Returns the number of entries used (at most maxIov).
+  int fillIov(uint64_t offset, struct iovec* iov, int maxIov) const;
+};
+
+// Builds the frame; non-contiguous tensors and views are made contiguous, so a
+// view sends only its own elements. Throws c10::Error on unsupported tensors.
+OutgoingFrame encodeFrame(Message&& message);
+
+// Incremental parser. Feed it bytes with consume(); it reads tensor data
+// straight into tensor storage through nextDirectRead() when a large tensor is
+// being received. Not thread-safe: one per connection, used by the loop.
+class FrameReader {
+ public:
+  // Consumes up to len bytes; returns how many it used. After an error, error()
+  // is set and nothing more is consumed.
+  size_t consume(const char* data, size_t len);
+
+  // When the parser is in the middle of a tensor, the remaining bytes of that
+  // tensor can be read directly into this region (zero-copy receive).
+  std::optional<std::pair<char*, size_t>> directReadRegion();
+  void commitDirectRead(size_t n);
+
+  // Completed messages, in order. Moves them out.
+  std::vector<Message> takeMessages();
+  const std::string& error() const { return error_; }
+  bool midFrame() const { return state_ != State::kHeader || filled_ != 0; }
+
+ private:
+  enum class State { kHeader, kPrefix, kTensors };
+  bool startPrefix();
+  bool parseDescriptors();
+  void finishTensorOrFrame();
+  void fail(std::string why);
+
+  State state_{State::kHeader};
+  FrameHeader header_{};
+  size_t filled_{0};       // bytes of the current section read so far
+  std::string prefix_;     // payload + descriptors of the current frame
+  Message current_;
+  size_t tensorIndex_{0};
+  std::vector<Message> done_;
+  std::string error_;
+};
+
+}  // namespace torchrpc

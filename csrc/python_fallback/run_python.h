@@ -1,0 +1,25 @@
+#pragma once
+
+// The Python bridge: the only C++ that takes the GIL. It installs, on an
+// Agent, the handler for PYTHON_CALL (run a cloudpickled callable under the
+// GIL, answer PYTHON_RET or EXCEPTION) and the resolver that finds a
+// TorchScript function the first time a caller names it.
+
+#include <pybind11/pybind11.h>
+
+#include "agent/agent.h"
+
+namespace torchrpc::python_fallback {
+
+// handler(payload: memoryview, tensors: list[Tensor], caller_rank: int) returns
+//   ("ok", payload: bytes, tensors: list[Tensor])  or
+//   ("err", type: str, message: str, traceback: str, function: str)
+void installPythonHandler(Agent& agent, pybind11::object handler);
+
+// resolver(name: str, module_hint: str) -> torch.jit.ScriptFunction | None
+void installScriptResolver(Agent& agent, pybind11::object resolver);
+
+// Wraps a Python ScriptFunction as a GIL-free callee.
+std::shared_ptr<script_dispatch::Callee> calleeFromPython(const pybind11::handle& scriptFunction);
+
+}  // namespace torchrpc::python_fallback

@@ -1,0 +1,38 @@
+#pragma once
+
+// Callee: something the agent can run on a pool thread without the GIL.
+// Today the only kind is a TorchScript function; an exported program
+// (torch.export / AOTInductor) would be a second implementation of the same
+// interface, registered the same way.
+
+#include <ATen/core/function.h>
+#include <ATen/core/function_schema.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/core/stack.h>
+
+#include <memory>
+#include <string>
+
+namespace torch::jit {
+struct CompilationUnit;
+}
+
+namespace torchrpc::script_dispatch {
+
+using TaskLauncher = std::function<void(std::function<void()>)>;
+
+class Callee {
+ public:
+  virtual ~Callee() = default;
+  virtual const c10::FunctionSchema& schema() const = 0;
+  // Runs asynchronously: a callee that waits on a nested call suspends and is
+  // resumed through `launcher` instead of blocking a pool thread.
+  virtual c10::intrusive_ptr<c10::ivalue::Future> runAsync(torch::jit::Stack& stack,
+                                                           TaskLauncher launcher) = 0;
+};
+
+// A TorchScript function. Keeps its compilation unit alive.
+std::shared_ptr<Callee> scriptFunctionCallee(std::shared_ptr<torch::jit::CompilationUnit> cu,
+                                             torch::jit::Function* fn);
+
+}  // namespace torchrpc::script_dispatch

@@ -1,0 +1,86 @@
+#include "script_dispatch/registry.h"
+
+#include <torch/csrc/jit/api/compilation_unit.h>
+#include <torch/csrc/jit/runtime/operator.h>
+
+namespace torchrpc::script_dispatch {
+
+namespace {
+
+class ScriptFunctionCallee final : public Callee {
+ public:
+  ScriptFunctionCallee(std::shared_ptr<torch::jit::CompilationUnit> cu, torch::jit::Function* fn)
+      : cu_(std::move(cu)), fn_(fn) {}
+  const c10::FunctionSchema& schema() const override { return fn_->getSchema(); }
+  c10::intrusive_ptr<c10::ivalue::Future> runAsync(torch::jit::Stack& stack,
+                                                   TaskLauncher launcher) override {
+    return fn_->runAsync(stack, std::move(launcher));
+  }
+
+ private:
+  std::shared_ptr<torch::jit::CompilationUnit> cu_;
+  torch::jit::Function* fn_;
+};
+
+}  // namespace
+
+std::shared_ptr<Callee> scriptFunctionCallee(std::shared_ptr<torch::jit::CompilationUnit> cu,
+                                             torch::jit::Function* fn) {
+  return std::make_shared<ScriptFunctionCallee>(std::move(cu), fn);
+}
+
+void Registry::add(const std::string& name, std::shared_ptr<Callee> callee) {
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  callees_[name] = std::move(callee);
+}
+
+void Registry::setResolver(Resolver resolver) {
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  resolver_ = std::move(resolver);
+}
+
+std::vector<std::string> Registry::names() const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  std::vector<std::string> out;
+  for (const auto& kv : callees_) out.push_back(kv.first);
+  return out;
+}
+
+std::shared_ptr<Callee> Registry::find(const std::string& name, const std::string& moduleHint) {
+  Resolver resolver;
+  {
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    auto it = callees_.find(name);
+    if (it != callees_.end()) return it->second;
+    resolver = resolver_;
+  }
+  if (!resolver) return nullptr;
+  std::lock_guard<std::mutex> once(resolveMutex_);
+  {
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    auto it = callees_.find(name);
+    if (it != callees_.end()) return it->second;
+  }
+  auto callee = resolver(name, moduleHint);
+  if (callee) add(name, callee);
+  return callee;
+}
+
+std::shared_ptr<torch::jit::Operator> Registry::findOperator(const std::string& fullName) {
+  {
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    auto it = operators_.find(fullName);
+    if (it != operators_.end()) return it->second;
+  }
+  auto dot = fullName.find('.');
+  c10::OperatorName opName(fullName.substr(0, dot),
+                           dot == std::string::npos ? "" : fullName.substr(dot + 1));
+  auto op = torch::jit::findOperatorFor(opName);
+  if (op) {
+    std::unique_lock<std::shared_mutex> lock(mutex_);
+    operators_[fullName] = op;
+  }
+  return op;
+}
+
+}  // namespace torchrpc::script_dispatch

@@ -1,0 +1,102 @@
+#include "script_dispatch/run_script.h"
+
+#include <torch/csrc/jit/runtime/operator.h>
+
+#include "message/payload.h"
+
+namespace torchrpc::script_dispatch {
+
+namespace {
+
+c10::IValue tupleOf(std::vector<c10::IValue> stack) {
+  return c10::ivalue::Tuple::create(std::move(stack));
+}
+
+std::vector<c10::IValue> stackOf(const c10::IValue& tuple) {
+  const auto& el = tuple.toTupleRef().elements();
+  return std::vector<c10::IValue>(el.begin(), el.end());
+}
+
+c10::IValue resultOf(torch::jit::Stack& stack, size_t numReturns) {
+  if (numReturns == 1) return std::move(stack.back());
+  if (numReturns == 0) return c10::IValue();
+  std::vector<c10::IValue> out(stack.end() - numReturns, stack.end());
+  return c10::ivalue::Tuple::create(std::move(out));
+}
+
+void runBuiltin(uint64_t id, const std::string& name, torch::jit::Stack stack,
+                Registry& registry, const std::string& worker,
+                const std::function<void(Message&&)>& respond) {
+  auto op = registry.findOperator(name);
+  if (!op) {
+    respond(exceptionMessage(
+        id, RemoteException{"RuntimeError",
+                            "worker " + worker + " has no operator '" + name +
+                                "'; it may need an extension library loaded (torch.ops.load_library)",
+                            "", name, worker}));
+    return;
+  }
+  op->schema().checkAndNormalizeInputs(stack);
+  op->getOperation()(stack);
+  respond(ivalueMessage(MessageType::kScriptRet, id, resultOf(stack, op->schema().returns().size())));
+}
+
+}  // namespace
+
+Message scriptCallMessage(const std::string& name, const std::string& moduleHint,
+                          std::vector<c10::IValue> stack) {
+  return ivalueMessage(MessageType::kScriptCall, 0,
+                       c10::ivalue::Tuple::create({name, moduleHint, tupleOf(std::move(stack))}));
+}
+
+Message builtinCallMessage(const std::string& schemaName, std::vector<c10::IValue> stack) {
+  return ivalueMessage(MessageType::kBuiltinCall, 0,
+                       c10::ivalue::Tuple::create({schemaName, tupleOf(std::move(stack))}));
+}
+
+void run(Message&& request, Registry& registry, const TaskLauncher& launcher,
+         const std::string& worker, std::function<void(Message&&)> respond) {
+  const uint64_t id = request.id;
+  std::string function = "<undecoded call>";
+  try {
+    auto call = messageIValue(request).toTuple();
+    const auto& el = call->elements();
+    function = el[0].toStringRef();
+    if (request.type == MessageType::kBuiltinCall) {
+      runBuiltin(id, function, stackOf(el[1]), registry, worker, respond);
+      return;
+    }
+    const std::string& moduleHint = el[1].toStringRef();
+    auto callee = registry.find(function, moduleHint);
+    if (!callee) {
+      respond(exceptionMessage(
+          id, RemoteException{
+                  "RuntimeError",
+                  "worker " + worker + " has no TorchScript function named '" + function +
+                      "'. Import the module that defines it on " + worker +
+                      (moduleHint.empty() ? "" : " ('" + moduleHint + "')") +
+                      ", or call torchrpc.register(name, fn) there.",
+                  "", function, worker}));
+      return;
+    }
+    torch::jit::Stack stack = stackOf(el[2]);
+    callee->schema().checkAndNormalizeInputs(stack);
+    auto future = callee->runAsync(stack, launcher);
+    future->addCallback([id, function, worker, respond](c10::ivalue::Future& f) {
+      std::exception_ptr error = f.hasError() ? f.exception_ptr() : nullptr;
+      if (!error) {
+        try {
+          respond(ivalueMessage(MessageType::kScriptRet, id, f.value()));
+          return;
+        } catch (...) {
+          error = std::current_exception();  // e.g. a result that cannot be pickled
+        }
+      }
+      respond(exceptionMessage(id, describeException(error, function, worker)));
+    });
+  } catch (...) {
+    respond(exceptionMessage(id, describeException(std::current_exception(), function, worker)));
+  }
+}
+
+}  // namespace torchrpc::script_dispatch

@@ -1,0 +1,224 @@
+#include "transport/connection.h"
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+
+#include "common/error.h"
+#include "common/logging.h"
+
+namespace torchrpc {
+
+namespace {
+constexpr size_t kReadBufferBytes = 256 * 1024;
+constexpr size_t kDirectReadThreshold = 64 * 1024;
+constexpr size_t kMaxReadPerEvent = 64ull << 20;  // fairness between connections
+constexpr int kMaxIov = 64;
+std::atomic<uint64_t> nextConnectionId{1};
+}  // namespace
+
+Connection::Connection(Loop& loop, int fd, std::string description, std::string workerName)
+    : loop_(loop),
+      fd_(fd),
+      description_(std::move(description)),
+      workerName_(std::move(workerName)),
+      id_(nextConnectionId.fetch_add(1)),
+      readBuffer_(new char[kReadBufferBytes]) {}
+
+Connection::~Connection() {
+  // closeFromLoop normally releases the fd; one that never ran (never started,
+  // or the loop already stopped) releases it here. epoll forgets closed fds.
+  if (!closeFired_) {
+    ::close(fd_);
+  }
+}
+
+void Connection::start(OnMessage onMessage, OnClose onClose) {
+  onMessage_ = std::move(onMessage);
+  onClose_ = std::move(onClose);
+  std::weak_ptr<Connection> weak = shared_from_this();
+  std::lock_guard<std::mutex> lock(mutex_);
+  token_ = loop_.add(fd_, EPOLLIN | EPOLLRDHUP, [weak](uint32_t events) {
+    if (auto self = weak.lock()) {
+      self->handleEventsFromLoop(events);
+    }
+  });
+  updateInterestLocked();
+}
+
+bool Connection::closed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return closed_;
+}
+
+void Connection::updateInterestLocked() {
+  bool want = !queue_.empty();
+  if (want != wantWrite_ && token_ != 0 && !closed_) {
+    wantWrite_ = want;
+    loop_.modify(fd_, token_, EPOLLIN | EPOLLRDHUP | (want ? EPOLLOUT : 0u));
+  }
+}
+
+std::string Connection::flushLocked() {
+  while (!queue_.empty()) {
+    Pending& p = queue_.front();
+    struct iovec iov[kMaxIov];
+    int n = p.frame.fillIov(p.written, iov, kMaxIov);
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = n;
+    ssize_t w = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return "";
+      return errnoMessage("send", errno);
+    }
+    p.written += static_cast<uint64_t>(w);
+    queuedBytes_ -= static_cast<uint64_t>(w);
+    if (p.written == p.total) {
+      queue_.pop_front();
+    }
+  }
+  return "";
+}
+
+bool Connection::send(Message&& message, std::chrono::steady_clock::time_point deadline,
+                      std::string* error) {
+  Pending p;
+  p.frame = encodeFrame(std::move(message));
+  p.total = p.frame.totalBytes();
+  std::string writeError;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (closed_) {
+      *error = "connection " + description_ + " is closed (" + closeReason_ + ")";
+      return false;
+    }
+    queuedBytes_ += p.total;
+    queue_.push_back(std::move(p));
+    if (queue_.size() == 1) {
+      writeError = flushLocked();
+    }
+    if (writeError.empty()) {
+      updateInterestLocked();
+      if (!loop_.inLoop()) {
+        while (queuedBytes_ > kMaxQueuedBytes && !closed_) {
+          if (drained_.wait_until(lock, deadline) == std::cv_status::timeout) {
+            *error = "the peer did not read " + std::to_string(queuedBytes_) +
+                     " queued bytes on " + description_ + " before the deadline";
+            return false;
+          }
+        }
+      }
+    }
+  }
+  if (!writeError.empty()) {
+    close(writeError);
+    *error = writeError + " on " + description_;
+    return false;
+  }
+  return true;
+}
+
+void Connection::close(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) return;
+    // Stop further sends at once; the fd itself is released on the loop.
+    closed_ = true;
+    closeReason_ = reason;
+    drained_.notify_all();
+  }
+  std::shared_ptr<Connection> self = shared_from_this();
+  loop_.defer([self, reason] { self->closeFromLoop(reason); });
+}
+
+void Connection::closeFromLoop(const std::string& reason) {
+  if (closeFired_) return;
+  closeFired_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    closed_ = true;
+    if (closeReason_.empty()) closeReason_ = reason;
+    queue_.clear();
+    queuedBytes_ = 0;
+    drained_.notify_all();
+  }
+  if (token_ != 0) {
+    loop_.remove(fd_, token_);
+  }
+  ::close(fd_);
+  if (onClose_) {
+    onClose_(shared_from_this(), reason);
+  }
+}
+
+void Connection::handleEventsFromLoop(uint32_t events) {
+  if (closeFired_) return;
+  if (events & EPOLLOUT) {
+    std::string err;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      err = flushLocked();
+      if (queuedBytes_ <= kMaxQueuedBytes) drained_.notify_all();
+      updateInterestLocked();
+    }
+    if (!err.empty()) {
+      closeFromLoop(err);
+      return;
+    }
+  }
+  if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+    readFromLoop();
+  }
+}
+
+void Connection::readFromLoop() {
+  size_t total = 0;
+  std::string closeReason;
+  while (total < kMaxReadPerEvent) {
+    ssize_t r;
+    auto direct = reader_.directReadRegion();
+    bool useDirect = direct && direct->second >= kDirectReadThreshold;
+    if (useDirect) {
+      r = ::read(fd_, direct->first, direct->second);
+    } else {
+      r = ::read(fd_, readBuffer_.get(), kReadBufferBytes);
+    }
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      closeReason = errnoMessage("read", errno);
+      break;
+    }
+    if (r == 0) {
+      closeReason = reader_.midFrame() ? "connection closed by the peer in the middle of a frame"
+                                       : "connection closed by the peer";
+      break;
+    }
+    total += static_cast<size_t>(r);
+    if (useDirect) {
+      reader_.commitDirectRead(static_cast<size_t>(r));
+    } else {
+      reader_.consume(readBuffer_.get(), static_cast<size_t>(r));
+    }
+    if (!reader_.error().empty()) {
+      closeReason = "malformed frame: " + reader_.error();
+      TORCHRPC_WARN(workerName_, "closing " << description_ << ": " << closeReason);
+      break;
+    }
+  }
+  // Deliver what arrived completely before acting on a close.
+  auto self = shared_from_this();
+  for (Message& m : reader_.takeMessages()) {
+    onMessage_(self, std::move(m));
+  }
+  if (!closeReason.empty()) {
+    closeFromLoop(closeReason);
+  }
+}
+
+}  // namespace torchrpc

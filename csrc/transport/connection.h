@@ -1,0 +1,100 @@
+#pragma once
+
+// Connection: one stream socket carrying frames both ways.
+//
+// Ownership: held by shared_ptr (the agent's peer table and the loop handler,
+// which holds a weak reference). Threads: reads and close() run on the loop;
+// send() may be called from any thread and writes inline when nothing is
+// queued, so a small message costs no thread hop. The callbacks run on the loop
+// thread; onClose fires exactly once, also for a close() the agent asked for.
+//
+// Backpressure: while more than kMaxQueuedBytes wait to be written, send()
+// blocks its caller (never the loop thread) until the peer reads, the
+// connection closes, or the deadline passes.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "message/wire.h"
+#include "transport/loop.h"
+
+namespace torchrpc {
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  static constexpr uint64_t kMaxQueuedBytes = 64ull << 20;
+
+  using OnMessage = std::function<void(const std::shared_ptr<Connection>&, Message&&)>;
+  using OnClose = std::function<void(const std::shared_ptr<Connection>&, const std::string& reason)>;
+
+  Connection(Loop& loop, int fd, std::string description, std::string workerName);
+  ~Connection();
+
+  // Registers with the loop; callbacks may fire from then on.
+  void start(OnMessage onMessage, OnClose onClose);
+
+  // Queues a message (encoding it here, on the caller's thread). Returns false
+  // with *error set if the connection is closed or the deadline passed while
+  // waiting for the peer to drain the queue.
+  bool send(Message&& message, std::chrono::steady_clock::time_point deadline,
+            std::string* error);
+
+  // Closes from any thread; onClose runs on the loop with this reason.
+  void close(const std::string& reason);
+
+  uint64_t id() const { return id_; }
+  const std::string& description() const { return description_; }
+  bool closed() const;
+
+  // The peer rank this connection belongs to, once known (-1 before HELLO).
+  int peerRank() const { return peerRank_.load(); }
+  void setPeerRank(int rank) { peerRank_.store(rank); }
+
+ private:
+  struct Pending {
+    OutgoingFrame frame;
+    uint64_t written{0};
+    uint64_t total{0};
+  };
+
+  void handleEventsFromLoop(uint32_t events);
+  void readFromLoop();
+  void closeFromLoop(const std::string& reason);
+  // Writes as much of the queue as the socket takes. mutex_ held. Returns an
+  // error text on a fatal write error, empty otherwise.
+  std::string flushLocked();
+  void updateInterestLocked();
+
+  Loop& loop_;
+  const int fd_;
+  const std::string description_;
+  const std::string workerName_;
+  const uint64_t id_;
+  std::atomic<int> peerRank_{-1};
+  uint64_t token_{0};
+
+  OnMessage onMessage_;
+  OnClose onClose_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable drained_;
+  std::deque<Pending> queue_;
+  uint64_t queuedBytes_{0};
+  bool wantWrite_{false};
+  bool closed_{false};
+  std::string closeReason_;
+  bool closeFired_{false};  // loop thread only
+
+  FrameReader reader_;  // loop thread only
+  std::unique_ptr<char[]> readBuffer_;
+};
+
+}  // namespace torchrpc

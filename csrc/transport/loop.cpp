@@ -1,0 +1,136 @@
+#include "transport/loop.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "common/error.h"
+#include "common/logging.h"
+
+namespace torchrpc {
+
+namespace {
+constexpr uint64_t kWakeToken = 0;
+}
+
+Loop::Loop(std::string workerName) : workerName_(std::move(workerName)) {
+  epollFd_ = epoll_create1(EPOLL_CLOEXEC);
+  TORCH_CHECK(epollFd_ >= 0, errnoMessage("epoll_create1", errno));
+  wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  TORCH_CHECK(wakeFd_ >= 0, errnoMessage("eventfd", errno));
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kWakeToken;
+  TORCH_CHECK(epoll_ctl(epollFd_, EPOLL_CTL_ADD, wakeFd_, &ev) == 0,
+              errnoMessage("epoll_ctl(eventfd)", errno));
+  thread_ = std::thread([this] { run(); });
+  threadId_ = thread_.get_id();
+}
+
+Loop::~Loop() {
+  stop();
+  ::close(wakeFd_);
+  ::close(epollFd_);
+}
+
+uint64_t Loop::add(int fd, uint32_t events, Handler handler) {
+  uint64_t token;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    token = nextToken_++;
+    handlers_[token] = std::make_shared<Handler>(std::move(handler));
+  }
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.u64 = token;
+  if (epoll_ctl(epollFd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    int err = errno;
+    std::lock_guard<std::mutex> lock(mutex_);
+    handlers_.erase(token);
+    TORCH_CHECK(false, errnoMessage("epoll_ctl(ADD)", err));
+  }
+  return token;
+}
+
+void Loop::modify(int fd, uint64_t token, uint32_t events) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.u64 = token;
+  // ENOENT/EBADF: the fd was removed concurrently by a close; nothing to do.
+  epoll_ctl(epollFd_, EPOLL_CTL_MOD, fd, &ev);
+}
+
+void Loop::remove(int fd, uint64_t token) {
+  epoll_ctl(epollFd_, EPOLL_CTL_DEL, fd, nullptr);
+  std::lock_guard<std::mutex> lock(mutex_);
+  handlers_.erase(token);
+}
+
+void Loop::defer(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    deferred_.push_back(std::move(fn));
+  }
+  uint64_t one = 1;
+  // A full counter (EAGAIN) still means the loop will wake; ignore the result.
+  (void)!::write(wakeFd_, &one, sizeof(one));
+}
+
+void Loop::drainDeferred() {
+  std::vector<std::function<void()>> work;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    work.swap(deferred_);
+  }
+  for (auto& fn : work) {
+    fn();
+  }
+}
+
+void Loop::run() {
+  constexpr int kMaxEvents = 64;
+  epoll_event events[kMaxEvents];
+  while (!stopping_.load()) {
+    int n = epoll_wait(epollFd_, events, kMaxEvents, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      TORCHRPC_WARN(workerName_, errnoMessage("epoll_wait", errno) << "; event loop stops");
+      return;
+    }
+    for (int i = 0; i < n; ++i) {
+      uint64_t token = events[i].data.u64;
+      if (token == kWakeToken) {
+        uint64_t count;
+        while (::read(wakeFd_, &count, sizeof(count)) > 0) {
+        }
+        continue;
+      }
+      std::shared_ptr<Handler> handler;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto it = handlers_.find(token);
+        if (it == handlers_.end()) continue;
+        handler = it->second;
+      }
+      (*handler)(events[i].events);
+    }
+    drainDeferred();
+  }
+  drainDeferred();
+}
+
+void Loop::stop() {
+  if (!thread_.joinable()) return;
+  if (inLoop()) {
+    // Called from a handler: let the thread finish on its own; it is joined by
+    // the destructor of the owner on another thread.
+    stopping_.store(true);
+    return;
+  }
+  defer([this] { stopping_.store(true); });
+  thread_.join();
+}
+
+}  // namespace torchrpc

@@ -1,0 +1,45 @@
+"""torchrpc: remote procedure calls for PyTorch, TorchScript-first.
+
+The API of ``torch.distributed.rpc``: switch with ``import torchrpc as rpc``.
+"""
+
+from torchrpc.api import (
+    WorkerInfo,
+    _debug_info,
+    get_worker_info,
+    init_rpc,
+    register,
+    rpc_async,
+    rpc_sync,
+    shutdown,
+)
+from torchrpc.errors import (
+    NotInitializedError,
+    PeerUnreachableError,
+    RemoteError,
+    RpcError,
+    RpcTimeoutError,
+    ShutdownError,
+)
+from torchrpc.options import RpcOptions
+
+#: Accepted for code written for torch.distributed.rpc.
+TensorPipeRpcBackendOptions = RpcOptions
+
+__all__ = [
+    "NotInitializedError",
+    "PeerUnreachableError",
+    "RemoteError",
+    "RpcError",
+    "RpcOptions",
+    "RpcTimeoutError",
+    "ShutdownError",
+    "TensorPipeRpcBackendOptions",
+    "WorkerInfo",
+    "get_worker_info",
+    "init_rpc",
+    "register",
+    "rpc_async",
+    "rpc_sync",
+    "shutdown",
+]

@@ -1,0 +1,461 @@
+"""The RPC API: init_rpc, shutdown, rpc_sync, rpc_async, get_worker_info.
+
+Every process of a job calls :func:`init_rpc` with a unique name and rank;
+then any worker can call functions on any other::
+
+    import torch
+    import torchrpc as rpc
+
+    @torch.jit.script
+    def add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a + b
+
+    rpc.init_rpc("worker0", rank=0, world_size=2,
+                 rpc_backend_options=rpc.RpcOptions(init_method="tcp://127.0.0.1:29500"))
+    rpc.rpc_sync("worker1", add, args=(torch.ones(2), torch.ones(2)))  # TorchScript: no GIL
+    rpc.rpc_sync("worker1", torch.add, args=(torch.ones(2), 1))       # builtin op: no GIL
+    rpc.rpc_sync("worker1", sorted, args=([3, 1, 2],))                 # Python: cloudpickle
+    rpc.shutdown()
+
+A callee is classified once on the caller: a builtin operator runs through
+the dispatcher, a ``torch.jit.ScriptFunction`` runs in the callee's C++ thread
+pool without the GIL, and anything else is pickled with cloudpickle and run
+under the callee's GIL.
+"""
+
+import atexit
+import functools
+import numbers
+import threading
+
+import torch
+
+from torchrpc import constants, errors, python_fallback, rendezvous
+from torchrpc._extension import native
+from torchrpc.options import RpcOptions
+
+
+class WorkerInfo:
+    """A worker of the job: its unique ``name`` and its rank ``id``.
+
+    Comparable (by id, then name), hashable and picklable.
+
+    Attributes:
+        id (int): the worker's rank.
+        name (str): the worker's name.
+    """
+
+    __slots__ = ("id", "name")
+
+    def __init__(self, name, id):
+        self.name = name
+        self.id = id
+
+    def _key(self):
+        return (self.id, self.name)
+
+    def __eq__(self, other):
+        return isinstance(other, WorkerInfo) and self._key() == other._key()
+
+    def __lt__(self, other):
+        if not isinstance(other, WorkerInfo):
+            return NotImplemented
+        return self._key() < other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def __reduce__(self):
+        return (WorkerInfo, (self.name, self.id))
+
+    def __repr__(self):
+        return f"WorkerInfo(id={self.id}, name={self.name})"
+
+
+class _State:
+    """What init_rpc set up in this process."""
+
+    def __init__(self, agent, me, workers, options, rdv):
+        self.agent = agent
+        self.me = me
+        self.workers = workers  # by rank
+        self.by_name = {w.name: w for w in workers}
+        self.options = options
+        self.rendezvous = rdv
+
+
+_state = None
+_state_lock = threading.Lock()
+_explicit_names = {}  # ScriptFunction -> name given to torchrpc.register
+
+
+def _require_initialized(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if _state is None:
+            raise errors.NotInitializedError(
+                "torchrpc is not initialized in this process; call "
+                "torchrpc.init_rpc(name, rank=..., world_size=...) first."
+            )
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=None):
+    """Joins this process to an RPC job as worker `name`.
+
+    Blocks until every worker of the job has joined (up to
+    ``RpcOptions.init_timeout``).
+
+    Args:
+        name (str): unique name of this worker: letters, digits, ``_`` and ``-``,
+            fewer than 128 characters.
+        backend: accepted for compatibility with ``torch.distributed.rpc`` and
+            ignored (torchrpc has one backend).
+        rank (int): unique rank in ``[0, world_size)``; ``-1`` (default) reads
+            ``RANK`` from the environment with ``env://``.
+        world_size (int): number of workers; ``None`` reads ``WORLD_SIZE``.
+        rpc_backend_options (RpcOptions): see :class:`RpcOptions`.
+
+    Raises:
+        TypeError, ValueError: on invalid arguments, a name used twice in the job,
+            or an already initialized process.
+    """
+    global _state
+    rendezvous.validate_name(name)
+    options = RpcOptions.coerce(rpc_backend_options)
+    if rank is not None and not isinstance(rank, numbers.Integral):
+        raise TypeError(f"init_rpc(rank=...) expects an int; got {type(rank).__name__}")
+    if world_size is not None and not isinstance(world_size, numbers.Integral):
+        raise TypeError(f"init_rpc(world_size=...) expects an int; got {type(world_size).__name__}")
+    C = native()
+    with _state_lock:
+        if _state is not None:
+            raise RuntimeError(
+                f"torchrpc is already initialized in this process as {_state.me.name!r}; "
+                "call torchrpc.shutdown() before init_rpc() again."
+            )
+        store, rank, world_size = rendezvous.open_store(options, rank, world_size)
+        rdv = rendezvous.Rendezvous(store, rank, world_size)
+        agent = C.Agent(name, rank, world_size, options.num_worker_threads,
+                        rendezvous.listen_host(options.init_method), rendezvous.host_id())
+        try:
+            tcp, unix = agent.listen()
+            records = rdv.exchange((name, rank, tcp, unix, rendezvous.host_id()))
+            _check_unique_names(records)
+            agent.set_peers(records)
+            agent.set_python_handler(python_fallback.handle_call)
+            agent.set_script_resolver(python_fallback.resolve_script)
+            for fn, explicit in _explicit_names.items():
+                agent.register_script(explicit, fn)
+        except BaseException:
+            agent.shutdown()
+            raise
+        workers = [WorkerInfo(r[0], r[1]) for r in records]
+        _state = _State(agent, workers[rank], workers, options, rdv)
+
+
+def _check_unique_names(records):
+    seen = {}
+    for name, rank, *_ in records:
+        if name in seen:
+            raise ValueError(
+                f"worker name {name!r} is used by ranks {seen[name]} and {rank}; "
+                "every worker of a job needs a unique name"
+            )
+        seen[name] = rank
+
+
+def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):
+    """Leaves the job and stops this worker's agent.
+
+    Args:
+        graceful (bool): if True (default), first wait until this worker's own
+            calls have completed and every worker of the job has reached
+            shutdown, serving their calls meanwhile. If False, stop at once;
+            pending calls fail with ShutdownError.
+        timeout (float): seconds the graceful wait may take (default 60); the
+            agent then stops regardless and the error names what was missing.
+
+    Raises:
+        RpcTimeoutError: the graceful wait took longer than `timeout`.
+    """
+    global _state
+    with _state_lock:
+        state = _state
+        if state is None:
+            return
+        _state = None
+    failure = None
+    try:
+        if graceful:
+            left = state.agent.wait_pending(timeout)
+            if left:
+                failure = errors.RpcTimeoutError(
+                    f"shutdown on {state.me.name}: {left} call(s) still pending after {timeout} s"
+                )
+            else:
+                try:
+                    state.rendezvous.barrier("shutdown", timeout)
+                except Exception as err:
+                    failure = errors.RpcTimeoutError(
+                        f"shutdown on {state.me.name}: not every worker reached shutdown within "
+                        f"{timeout} s ({err})"
+                    )
+    finally:
+        state.agent.shutdown()
+        python_fallback.forget_sent()
+    if failure is not None:
+        raise failure
+
+
+@atexit.register
+def _shutdown_at_exit():
+    # A process that forgot shutdown() still stops its threads before exiting.
+    if _state is not None:
+        shutdown(graceful=False)
+
+
+@_require_initialized
+def get_worker_info(worker_name=None):
+    """Returns the WorkerInfo of `worker_name`, or of this worker if None.
+
+    Raises:
+        ValueError: no worker has that name.
+    """
+    if worker_name is None:
+        return _state.me
+    return _resolve(worker_name, "get_worker_info")
+
+
+def _all_worker_infos():
+    return list(_state.workers)
+
+
+def _resolve(to, call):
+    state = _state
+    if isinstance(to, WorkerInfo):
+        if to.id < len(state.workers) and state.workers[to.id] == to:
+            return to
+        raise ValueError(f"{call}: {to} is not a worker of this job")
+    if isinstance(to, str):
+        info = state.by_name.get(to)
+        if info is None:
+            known = ", ".join(sorted(state.by_name))
+            raise ValueError(f"{call}: unknown worker {to!r}; known workers: {known}")
+        return info
+    if isinstance(to, numbers.Integral) and not isinstance(to, bool):
+        if 0 <= to < len(state.workers):
+            return state.workers[to]
+        raise ValueError(f"{call}: no worker has rank {to}; ranks are 0..{len(state.workers) - 1}")
+    raise TypeError(
+        f"{call}(to=...) expects a worker name (str), a rank (int) or a WorkerInfo; "
+        f"got {type(to).__name__}"
+    )
+
+
+def _timeout(timeout, call):
+    if timeout is None or timeout == constants.UNSET_RPC_TIMEOUT:
+        return _state.options.rpc_timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"{call}(timeout=...) expects seconds as a number; got {type(timeout).__name__}")
+    if timeout < 0:
+        raise ValueError(f"{call}(timeout={timeout}): use seconds >= 0 (0 means no timeout) or -1 for the default")
+    return float(timeout)
+
+
+def _builtin_name(func):
+    """'aten::add' for torch.add, torch.Tensor.add, torch.ops.aten.add; else None."""
+    if isinstance(func, torch._ops.OpOverloadPacket):
+        return func._qualified_op_name
+    if isinstance(func, torch._ops.OpOverload):
+        return func._schema.name
+    if getattr(func, "__objclass__", None) is torch._C.TensorBase:
+        return "aten::" + func.__name__
+    try:
+        return torch.jit._builtins._find_builtin(func)
+    except TypeError:  # unhashable callables
+        return None
+
+
+def _script_name(func):
+    explicit = _explicit_names.get(func)
+    if explicit is not None:
+        return explicit, ""
+    qualified = func.qualified_name
+    module = qualified[len("__torch__."):] if qualified.startswith("__torch__.") else ""
+    return qualified, module.rpartition(".")[0]
+
+
+class _Invocation:
+    """One call in flight: the native Call, how to decode its value, and how
+    to resend it (a Python call whose function the callee does not cache)."""
+
+    __slots__ = ("call", "decode", "resend")
+
+    def __init__(self, call, decode, resend=None):
+        self.call = call
+        self.decode = decode
+        self.resend = resend
+
+    def _outcome(self):
+        ok, value = self.call.result()
+        if not ok and self.resend is not None and value[2] == python_fallback.UNKNOWN_FUNCTION:
+            return None, self.resend()
+        if not ok:
+            raise errors.from_native(value)
+        return self.decode(value), None
+
+    def wait(self):
+        value, again = self._outcome()
+        return again.wait() if again is not None else value
+
+    def future(self):
+        fut = torch.futures.Future()
+        self._complete(fut)
+        return fut
+
+    def _complete(self, fut):
+        def done():
+            try:
+                value, again = self._outcome()
+            except BaseException as exc:
+                fut.set_exception(exc)
+                return
+            if again is not None:
+                again._complete(fut)
+            else:
+                fut.set_result(value)
+
+        self.call.add_done_callback(done)
+
+
+def _identity(value):
+    return value
+
+
+def _invoke(call_kind, to, func, args, kwargs, timeout):
+    """Classifies func once and sends the call; shared by every public call."""
+    dst = _resolve(to, call_kind)
+    seconds = _timeout(timeout, call_kind)
+    if args is None:
+        args = ()
+    elif not isinstance(args, (tuple, list)):
+        raise TypeError(f"{call_kind}(args=...) expects a tuple; got {type(args).__name__}")
+    if kwargs is None:
+        kwargs = {}
+    elif not isinstance(kwargs, dict):
+        raise TypeError(f"{call_kind}(kwargs=...) expects a dict; got {type(kwargs).__name__}")
+    agent = _state.agent
+    if isinstance(func, torch.jit.ScriptFunction):
+        name, module = _script_name(func)
+        call = agent.script_call(dst.id, name, module, func, tuple(args), kwargs, seconds, call_kind)
+        return _Invocation(call, _identity)
+    builtin = _builtin_name(func) if callable(func) else None
+    if builtin is not None:
+        call = agent.builtin_call(dst.id, builtin, tuple(args), kwargs, seconds, call_kind)
+        return _Invocation(call, _identity)
+    if not callable(func):
+        raise TypeError(f"{call_kind}(func=...) expects a callable; got {type(func).__name__}")
+
+    def send(force_full=False):
+        payload, tensors, name = python_fallback.encode_call(func, dst.id, args, kwargs, force_full)
+        call = agent.python_call(dst.id, payload, tensors, seconds, call_kind, name)
+        return _Invocation(call, python_fallback.decode_result,
+                           None if force_full else (lambda: send(force_full=True)))
+
+    return send()
+
+
+@_require_initialized
+def rpc_sync(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIMEOUT):
+    """Runs ``func(*args, **kwargs)`` on worker `to` and returns its result.
+
+    Thread-safe. Argument tensors must not be modified until the call returns.
+
+    Args:
+        to (str or int or WorkerInfo): the callee: name, rank or WorkerInfo.
+        func (callable): a ``@torch.jit.script`` function (runs without the GIL),
+            a builtin operator such as ``torch.add`` (runs without the GIL), or
+            any picklable Python callable (runs under the callee's GIL).
+        args (tuple): positional arguments (default none).
+        kwargs (dict): keyword arguments (default none).
+        timeout (float): seconds before RpcTimeoutError; ``0`` means no timeout,
+            ``-1`` (default) uses ``RpcOptions.rpc_timeout``.
+
+    Returns:
+        The value func returned on the callee.
+
+    Raises:
+        RpcTimeoutError: no response within `timeout`.
+        PeerUnreachableError: the callee exited or its connection closed.
+        Exception: what func raised on the callee, re-raised with its type when
+            importable (otherwise RemoteError), the callee's traceback attached.
+        TypeError, ValueError: bad arguments, unknown worker, unpicklable func.
+
+    Example::
+
+        >>> torchrpc.rpc_sync("worker1", torch.add, args=(torch.ones(2), 3))
+        tensor([4., 4.])
+    """
+    return _invoke("rpc_sync", to, func, args, kwargs, timeout).wait()
+
+
+@_require_initialized
+def rpc_async(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIMEOUT):
+    """Like :func:`rpc_sync`, but returns at once with a ``torch.futures.Future``.
+
+    The future's ``wait()`` returns the result or raises the error that
+    rpc_sync would raise; ``then``, ``done``, ``value``,
+    ``torch.futures.collect_all`` and ``wait_all`` work as usual. Callbacks
+    run on torchrpc's I/O thread: keep them short and never block in them.
+
+    Example::
+
+        >>> fut = torchrpc.rpc_async("worker1", torch.add, args=(torch.ones(2), 3))
+        >>> fut.wait()
+        tensor([4., 4.])
+    """
+    return _invoke("rpc_async", to, func, args, kwargs, timeout).future()
+
+
+def register(name, fn):
+    """Registers a TorchScript function under an explicit, stable name.
+
+    Callers that registered the same name send it instead of the function's
+    qualified name (which TorchScript may mangle when a function is redefined).
+    Call it on every worker, before or after init_rpc.
+
+    Args:
+        name (str): the name callers use.
+        fn (torch.jit.ScriptFunction): the function.
+
+    Example::
+
+        >>> @torch.jit.script
+        ... def double(x: torch.Tensor) -> torch.Tensor:
+        ...     return x * 2
+        >>> torchrpc.register("double", double)
+    """
+    if not isinstance(fn, torch.jit.ScriptFunction):
+        raise TypeError(
+            f"torchrpc.register(name, fn) expects a @torch.jit.script function; got {type(fn).__name__}"
+        )
+    if not isinstance(name, str) or not name:
+        raise TypeError("torchrpc.register(name, fn) expects a non-empty str name")
+    _explicit_names[fn] = name
+    if _state is not None:
+        _state.agent.register_script(name, fn)
+
+
+def _debug_info():
+    """Counters for tests and debugging: pending calls and open connections."""
+    if _state is None:
+        return {"initialized": False, "pending_requests": 0, "connections": 0}
+    return {
+        "initialized": True,
+        "worker": _state.me.name,
+        "pending_requests": _state.agent.pending_count(),
+        "connections": _state.agent.connection_count(),
+    }

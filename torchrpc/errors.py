@@ -1,0 +1,95 @@
+"""Every exception torchrpc raises on purpose.
+
+All derive from :class:`RpcError`, itself a ``RuntimeError``, so code written
+for ``torch.distributed.rpc`` (which raises ``RuntimeError``) keeps working.
+Argument mistakes raise ``TypeError`` / ``ValueError`` instead.
+"""
+
+import builtins
+import importlib
+
+
+class RpcError(RuntimeError):
+    """Base class of the errors of an RPC call."""
+
+
+class RpcTimeoutError(RpcError, TimeoutError):
+    """A call's deadline passed before its response arrived."""
+
+
+class PeerUnreachableError(RpcError, ConnectionError):
+    """The connection to the callee failed or closed before the response
+    arrived (the peer exited, crashed, or shut down)."""
+
+
+class RemoteError(RpcError):
+    """The callee raised an exception whose type cannot be rebuilt here.
+
+    Attributes:
+        remote_type (str): qualified name of the exception type on the callee.
+        remote_traceback (str): the callee's traceback text.
+    """
+
+    def __init__(self, message, remote_type="", remote_traceback=""):
+        super().__init__(message)
+        self.remote_type = remote_type
+        self.remote_traceback = remote_traceback
+
+
+class NotInitializedError(RpcError):
+    """A torchrpc function was used before init_rpc() or after shutdown()."""
+
+
+class ShutdownError(RpcError):
+    """The local worker shut down while the call was pending."""
+
+
+# Kinds reported by the native core (csrc/common/error.h, ErrorKind).
+_KIND_GENERIC, _KIND_TIMEOUT, _KIND_PEER, _KIND_REMOTE, _KIND_SHUTDOWN = range(5)
+
+_BY_KIND = {
+    _KIND_GENERIC: RpcError,
+    _KIND_TIMEOUT: RpcTimeoutError,
+    _KIND_PEER: PeerUnreachableError,
+    _KIND_SHUTDOWN: ShutdownError,
+}
+
+
+def _remote_type(qualname):
+    """The exception class named by the callee, if it exists here."""
+    module_name, _, name = qualname.rpartition(".")
+    try:
+        module = importlib.import_module(module_name) if module_name else builtins
+        cls = getattr(module, name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return cls if isinstance(cls, type) and issubclass(cls, BaseException) else None
+
+
+def _remote_exception(message, remote_type, remote_traceback):
+    cls = _remote_type(remote_type)
+    exc = None
+    if cls is not None and not issubclass(cls, (KeyboardInterrupt, SystemExit)):
+        try:
+            exc = cls(message)
+        except Exception:  # the type's constructor wants other arguments
+            exc = None
+    if exc is None:
+        exc = RemoteError(f"{remote_type}: {message}", remote_type, remote_traceback)
+    if remote_traceback:
+        exc.add_note("Remote traceback:\n" + remote_traceback.rstrip())
+    exc.remote_type = remote_type
+    exc.remote_traceback = remote_traceback
+    return exc
+
+
+def from_native(info):
+    """Builds the exception for an error reported by the native core.
+
+    Args:
+        info (tuple): (kind, message, remote_type, remote_traceback).
+    """
+    kind, message, remote_type, remote_traceback = info
+    if kind == _KIND_REMOTE:
+        return _remote_exception(message, remote_type, remote_traceback)
+    return _BY_KIND.get(kind, RpcError)(message)

@@ -1,0 +1,210 @@
+"""The Python fallback: calls of plain Python callables.
+
+Caller side: the callable is pickled with cloudpickle; the bytes are hashed,
+and once a peer has received a function, later calls send only its hash.
+Functions that pickle by reference (importable module-level functions) are
+pickled once and cached; closures and lambdas are pickled on every call, so
+their captured values are always current, and still sent by hash when the
+bytes are unchanged. Arguments and results use Python's pickle, with tensors
+taken out and sent as raw bytes beside it.
+
+Callee side (:func:`handle_call`, run by the native bridge under the GIL):
+unpickle, run, pickle the result, or report the exception with its type,
+message and traceback.
+"""
+
+import hashlib
+import importlib
+import io
+import pickle
+import sys
+import threading
+import traceback
+
+import cloudpickle
+import torch
+
+#: Remote type reported when the callee does not know a function hash; the
+#: caller then sends the whole function.
+UNKNOWN_FUNCTION = "torchrpc._unknown_function"
+
+_lock = threading.Lock()
+_by_reference_cache = {}  # function -> (hash, bytes)
+_sent = set()  # (peer rank, hash) pairs the peer has received in full
+_received = {}  # hash -> function (callee side)
+_MAX_RECEIVED = 4096
+
+
+# ---- pickling with tensors out of band -------------------------------------
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, file, tensors):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._tensors = tensors
+
+    def persistent_id(self, obj):
+        if type(obj) is torch.Tensor or type(obj) is torch.nn.Parameter:
+            self._tensors.append(obj)
+            return (len(self._tensors) - 1, type(obj) is torch.nn.Parameter, obj.requires_grad)
+        return None
+
+
+class _CloudPickler(cloudpickle.CloudPickler):
+    def __init__(self, file, tensors):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._tensors = tensors
+
+    persistent_id = _Pickler.persistent_id
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file, tensors):
+        super().__init__(file)
+        self._tensors = tensors
+
+    def persistent_load(self, pid):
+        index, is_parameter, requires_grad = pid
+        t = self._tensors[index]
+        if is_parameter:
+            return torch.nn.Parameter(t, requires_grad=requires_grad)
+        if requires_grad:
+            t.requires_grad_(True)
+        return t
+
+
+def dumps(obj):
+    """Pickles obj; returns (bytes, tensors)."""
+    tensors = []
+    buf = io.BytesIO()
+    try:
+        _Pickler(buf, tensors).dump(obj)
+    except Exception:
+        # Lambdas, closures, local classes: cloudpickle handles them.
+        tensors.clear()
+        buf = io.BytesIO()
+        _CloudPickler(buf, tensors).dump(obj)
+    return buf.getvalue(), tensors
+
+
+def loads(data, tensors):
+    return _Unpickler(io.BytesIO(data), list(tensors)).load()
+
+
+# ---- caller side -------------------------------------------------------------
+
+def function_name(fn):
+    name = getattr(fn, "__qualname__", None) or getattr(type(fn), "__qualname__", None) or repr(fn)
+    module = getattr(fn, "__module__", None)
+    return f"{module}.{name}" if module and module != "__main__" else name
+
+
+def _pickles_by_reference(fn):
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if not module or not qualname or module == "__main__" or "<" in qualname:
+        return False
+    obj = sys.modules.get(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return obj is fn
+
+
+def _pickle_function(fn):
+    try:
+        if _pickles_by_reference(fn):
+            with _lock:
+                cached = _by_reference_cache.get(fn)
+            if cached is not None:
+                return cached
+        data = cloudpickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as err:
+        raise TypeError(
+            f"cannot send {function_name(fn)!r}: it is not TorchScript, so torchrpc pickled it "
+            f"with cloudpickle, which failed: {err}. Decorate it with @torch.jit.script, or "
+            "make the objects it captures picklable."
+        ) from err
+    entry = (hashlib.blake2b(data, digest_size=16).digest(), data)
+    if _pickles_by_reference(fn):
+        with _lock:
+            _by_reference_cache[fn] = entry
+    return entry
+
+
+def encode_call(fn, dst_rank, args, kwargs, force_full=False):
+    """Returns (payload, tensors, name) for a call of fn on dst_rank."""
+    digest, data = _pickle_function(fn)
+    key = (dst_rank, digest)
+    with _lock:
+        full = force_full or key not in _sent
+        _sent.add(key)
+    name = function_name(fn)
+    try:
+        payload, tensors = dumps((digest, data if full else None, name, args, kwargs))
+    except Exception as err:
+        raise TypeError(f"cannot send the arguments of {name!r}: pickling failed: {err}") from err
+    return payload, tensors, name
+
+
+def forget_sent(dst_rank=None):
+    """Forgets which functions peers have (on an unknown-hash reply, or shutdown)."""
+    with _lock:
+        if dst_rank is None:
+            _sent.clear()
+        else:
+            for key in [k for k in _sent if k[0] == dst_rank]:
+                _sent.discard(key)
+
+
+def decode_result(value):
+    """Decodes a PYTHON_RET value: (payload as uint8 tensor, tensors)."""
+    payload, tensors = value
+    return loads(payload.numpy(), tensors)
+
+
+# ---- callee side -------------------------------------------------------------
+
+def _qualified_type(exc):
+    cls = type(exc)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _error(exc, name):
+    tb = "".join(traceback.format_exception(exc))
+    return ("err", _qualified_type(exc), str(exc), tb, name)
+
+
+def handle_call(payload, tensors, caller_rank):
+    """Runs one Python call. Called by the native bridge with the GIL held."""
+    name = "<python call>"
+    try:
+        digest, data, name, args, kwargs = loads(payload, tensors)
+        if data is not None:
+            fn = cloudpickle.loads(data)
+            with _lock:
+                if len(_received) >= _MAX_RECEIVED:
+                    _received.pop(next(iter(_received)))
+                _received[digest] = fn
+        else:
+            with _lock:
+                fn = _received.get(digest)
+            if fn is None:
+                return ("err", UNKNOWN_FUNCTION, f"function {name!r} is not cached here", "", name)
+        result = fn(*(args or ()), **(kwargs or {}))
+    except BaseException as exc:  # everything the user code raises goes back
+        return _error(exc, name)
+    try:
+        out, out_tensors = dumps(result)
+    except BaseException as exc:
+        return _error(TypeError(f"the result of {name!r} cannot be pickled: {exc}"), name)
+    return ("ok", out, out_tensors)
+
+
+def resolve_script(name, module_hint):
+    """Finds the TorchScript function `name` in this process, importing
+    `module_hint` first if needed. Called by the native registry on a miss."""
+    cu = torch.jit._state._python_cu
+    fn = cu.find_function(name)
+    if fn is None and module_hint:
+        importlib.import_module(module_hint)
+        fn = cu.find_function(name)
+    return fn
