@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "common/logging.h"
+#include "common/spin.h"
 
 namespace torchrpc {
 
@@ -19,11 +20,16 @@ ThreadPool::ThreadPool(size_t numThreads, std::string workerName)
 ThreadPool::~ThreadPool() { stop(); }
 
 void ThreadPool::run(std::function<void()> task) {
+  bool wake;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     tasks_.push_back(std::move(task));
+    queued_.store(tasks_.size());
+    // A spinning thread will pick the task up; wake a sleeper only if none
+    // spins (a spinner that gives up re-checks the queue under the lock).
+    wake = spinning_.load() == 0 || tasks_.size() > 1;
   }
-  cv_.notify_one();
+  if (wake) cv_.notify_one();
 }
 
 size_t ThreadPool::busy() const {
@@ -34,6 +40,9 @@ size_t ThreadPool::busy() const {
 void ThreadPool::work() {
   while (true) {
     std::function<void()> task;
+    spinning_.fetch_add(1);
+    spinUntil([this] { return queued_.load() > 0 || stopping_; });
+    spinning_.fetch_sub(1);
     {
       std::unique_lock<std::mutex> lock(mutex_);
       cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
@@ -44,6 +53,7 @@ void ThreadPool::work() {
       }
       task = std::move(tasks_.front());
       tasks_.pop_front();
+      queued_.store(tasks_.size());
       ++running_;
     }
     try {

@@ -4,6 +4,7 @@
 // on a condition variable when idle (no polling). Tasks run in FIFO order.
 // run() may be called from any thread; stop() runs what is queued, then joins.
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -36,10 +37,12 @@ class ThreadPool {
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;
+  std::atomic<size_t> queued_{0};  // tasks_.size(), readable without the lock
+  std::atomic<size_t> spinning_{0};  // threads polling queued_ before sleeping
   size_t running_{0};
   size_t alive_{0};
   std::condition_variable exited_;
-  bool stopping_{false};
+  std::atomic<bool> stopping_{false};
   std::vector<std::thread> threads_;
 };
 

@@ -8,10 +8,13 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "agent/agent.h"
 #include "common/error.h"
+#include "common/spin.h"
+#include "message/wire.h"
 #include "python_fallback/run_python.h"
 #include "script_dispatch/run_script.h"
 
@@ -29,6 +32,7 @@ struct Call {
   py::tuple result() const {
     {
       py::gil_scoped_release nogil;
+      torchrpc::spinUntil([this] { return future->completed(); });
       future->wait();
     }
     if (!future->hasError()) {
@@ -71,10 +75,27 @@ Call sendOrRaise(Agent& agent, int dst, torchrpc::Message&& m, double timeout,
   return Call{agent.send(dst, std::move(m), timeout, kind, function)};
 }
 
+// Matches Python arguments to a schema; a mismatch is the caller's TypeError,
+// naming the function and the argument.
 std::vector<c10::IValue> stackFor(const c10::FunctionSchema& schema, const py::tuple& args,
                                   const py::dict& kwargs) {
-  return torch::jit::createStackForSchema(schema, torch::jit::tuple_slice(args),
-                                          py::reinterpret_borrow<py::kwargs>(kwargs), std::nullopt);
+  try {
+    return torch::jit::createStackForSchema(schema, torch::jit::tuple_slice(args),
+                                            py::reinterpret_borrow<py::kwargs>(kwargs), std::nullopt);
+  } catch (const torch::jit::schema_match_error& e) {
+    throw py::type_error("arguments do not match '" + schema.name() + "': " + e.what());
+  }
+}
+
+// Errors raised while sending (an unsupported tensor, a closed agent) become
+// ValueError with the core's message, without a C++ backtrace.
+template <typename F>
+Call translated(F&& send) {
+  try {
+    return send();
+  } catch (const c10::Error& e) {
+    throw py::value_error(e.what_without_backtrace());
+  }
 }
 
 }  // namespace
@@ -123,8 +144,10 @@ PYBIND11_MODULE(_C, m) {
               py::tuple args, py::dict kwargs, double timeout, const std::string& kind) {
              auto f = py::cast<torch::jit::StrongFunctionPtr>(fn);
              auto stack = stackFor(f.function_->getSchema(), args, kwargs);
-             return sendOrRaise(a, dst, torchrpc::script_dispatch::scriptCallMessage(name, moduleHint, std::move(stack)),
-                                timeout, kind, name);
+             return translated([&] {
+               return sendOrRaise(a, dst, torchrpc::script_dispatch::scriptCallMessage(name, moduleHint, std::move(stack)),
+                                  timeout, kind, name);
+             });
            })
       .def("builtin_call",
            [](Agent& a, int dst, const std::string& opName, py::tuple args, py::dict kwargs, double timeout,
@@ -134,14 +157,17 @@ PYBIND11_MODULE(_C, m) {
                const auto& schema = op->schema();
                std::vector<c10::IValue> stack;
                try {
-                 stack = stackFor(schema, args, kwargs);
+                 stack = torch::jit::createStackForSchema(schema, torch::jit::tuple_slice(args),
+                                                          py::reinterpret_borrow<py::kwargs>(kwargs), std::nullopt);
                } catch (const std::exception& e) {
                  errors += "\n  " + c10::toString(schema) + ": " + e.what();
                  continue;
                }
                std::string full = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
-               return sendOrRaise(a, dst, torchrpc::script_dispatch::builtinCallMessage(full, std::move(stack)),
-                                  timeout, kind, full);
+               return translated([&] {
+                 return sendOrRaise(a, dst, torchrpc::script_dispatch::builtinCallMessage(full, std::move(stack)),
+                                    timeout, kind, full);
+               });
              }
              throw py::type_error("no overload of builtin '" + opName +
                                   "' accepts these arguments; the candidates said:" + errors);
@@ -153,13 +179,46 @@ PYBIND11_MODULE(_C, m) {
              msg.type = torchrpc::MessageType::kPythonCall;
              msg.payload = std::string(payload);
              msg.tensors = std::move(tensors);
-             return sendOrRaise(a, dst, std::move(msg), timeout, kind, function);
+             return translated([&] { return sendOrRaise(a, dst, std::move(msg), timeout, kind, function); });
            })
       .def("wait_pending", &Agent::waitPending, py::call_guard<py::gil_scoped_release>())
       .def("shutdown", &Agent::shutdown, py::call_guard<py::gil_scoped_release>())
       .def("pending_count", &Agent::pendingCount)
       .def("connection_count", &Agent::connectionCount)
       .def("script_names", [](Agent& a) { return a.registry().names(); });
+
+  // Test hooks for the wire format (tests/unit/test_wire.py): encode one
+  // frame, and parse a byte string fed in chunks of `chunk` bytes, alternating
+  // the buffered and the direct (zero-copy) read paths as the transport does.
+  m.def("_encode_frame", [](int type, uint64_t id, py::bytes payload, std::vector<at::Tensor> tensors) {
+    torchrpc::Message msg{static_cast<torchrpc::MessageType>(type), id, std::string(payload), std::move(tensors)};
+    torchrpc::OutgoingFrame f = torchrpc::encodeFrame(std::move(msg));
+    std::string out = f.prefix;
+    for (const auto& t : f.tensors) out.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
+    return py::bytes(out);
+  });
+  m.def("_parse_frames", [](py::bytes data, size_t chunk) {
+    std::string bytes(data);
+    torchrpc::FrameReader reader;
+    size_t pos = 0;
+    while (pos < bytes.size() && reader.error().empty()) {
+      size_t n = std::min(std::max<size_t>(chunk, 1), bytes.size() - pos);
+      auto direct = reader.directReadRegion();
+      if (direct) {
+        n = std::min(n, direct->second);
+        std::memcpy(direct->first, bytes.data() + pos, n);
+        reader.commitDirectRead(n);
+      } else {
+        reader.consume(bytes.data() + pos, n);
+      }
+      pos += n;
+    }
+    py::list messages;
+    for (auto& m : reader.takeMessages()) {
+      messages.append(py::make_tuple(static_cast<int>(m.type), m.id, py::bytes(m.payload), m.tensors));
+    }
+    return py::make_tuple(messages, reader.error(), reader.midFrame());
+  });
 
   // Test helper: holds the GIL (never releasing it) for `seconds`, so tests can
   // prove that script calls on this worker complete without it.

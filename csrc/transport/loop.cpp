@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/logging.h"
+#include "common/spin.h"
 
 namespace torchrpc {
 
@@ -93,7 +94,14 @@ void Loop::run() {
   constexpr int kMaxEvents = 64;
   epoll_event events[kMaxEvents];
   while (!stopping_.load()) {
-    int n = epoll_wait(epollFd_, events, kMaxEvents, -1);
+    // Right after activity, poll for a little while before sleeping: the next
+    // frame of a busy connection usually arrives within microseconds.
+    int n = 0;
+    spinUntil([&] {
+      n = epoll_wait(epollFd_, events, kMaxEvents, 0);
+      return n != 0;
+    });
+    if (n == 0) n = epoll_wait(epollFd_, events, kMaxEvents, -1);
     if (n < 0) {
       if (errno == EINTR) continue;
       TORCHRPC_WARN(workerName_, errnoMessage("epoll_wait", errno) << "; event loop stops");

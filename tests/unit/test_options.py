@@ -1,0 +1,88 @@
+"""RpcOptions validation, errors mapping and WorkerInfo: single process."""
+
+import datetime
+import pickle
+
+import pytest
+
+import torchrpc
+from torchrpc import errors
+
+
+def test_defaults():
+    o = torchrpc.RpcOptions()
+    assert (o.num_worker_threads, o.rpc_timeout, o.init_method) == (16, 60.0, "env://")
+
+
+def test_timedelta_and_numbers_are_seconds():
+    assert torchrpc.RpcOptions(rpc_timeout=datetime.timedelta(seconds=3)).rpc_timeout == 3.0
+    assert torchrpc.RpcOptions(rpc_timeout=0).rpc_timeout == 0.0
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(num_worker_threads=0), ValueError, r"num_worker_threads=...\) must be at least 1; got 0"),
+        (dict(num_worker_threads="4"), TypeError, "expects an int; got str"),
+        (dict(num_worker_threads=True), TypeError, "expects an int; got bool"),
+        (dict(rpc_timeout=-2), ValueError, r"rpc_timeout=...\) must be >= 0"),
+        (dict(rpc_timeout="1"), TypeError, "rpc_timeout=...\\) expects seconds"),
+        (dict(init_method="http://x"), ValueError, "expected 'env://'"),
+        (dict(init_method=3), TypeError, "init_method=...\\) expects a str"),
+        (dict(store="not a store"), TypeError, "torch.distributed.Store"),
+    ],
+)
+def test_invalid_options_say_what_is_wrong(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        torchrpc.RpcOptions(**kwargs)
+
+
+def test_options_are_keyword_only():
+    with pytest.raises(TypeError):
+        torchrpc.RpcOptions(4)
+
+
+def test_upstream_options_are_accepted():
+    import torch.distributed.rpc as upstream
+
+    o = torchrpc.RpcOptions.coerce(
+        upstream.TensorPipeRpcBackendOptions(num_worker_threads=3, rpc_timeout=7, init_method="tcp://1.2.3.4:5")
+    )
+    assert (o.num_worker_threads, o.rpc_timeout, o.init_method) == (3, 7.0, "tcp://1.2.3.4:5")
+
+
+def test_worker_info_compares_hashes_and_pickles():
+    a, b = torchrpc.WorkerInfo("worker0", 0), torchrpc.WorkerInfo("worker1", 1)
+    assert a == torchrpc.WorkerInfo("worker0", 0) and a != b and a < b
+    assert len({a, b, torchrpc.WorkerInfo("worker0", 0)}) == 2
+    assert pickle.loads(pickle.dumps(b)) == b
+    assert repr(b) == "WorkerInfo(id=1, name=worker1)"
+
+
+def test_remote_exceptions_keep_their_type_and_traceback():
+    exc = errors.from_native((3, "bad (raised on worker1 while running 'f')", "KeyError", "Traceback...\n"))
+    assert isinstance(exc, KeyError)
+    assert "Remote traceback" in exc.__notes__[0]
+    custom = errors.from_native((3, "boom", "no.such.module.Error", ""))
+    assert isinstance(custom, errors.RemoteError) and custom.remote_type == "no.such.module.Error"
+
+
+@pytest.mark.parametrize(
+    "kind, cls", [(1, torchrpc.RpcTimeoutError), (2, torchrpc.PeerUnreachableError), (4, torchrpc.ShutdownError)]
+)
+def test_native_error_kinds_map_to_classes(kind, cls):
+    exc = errors.from_native((kind, "msg", "", ""))
+    assert type(exc) is cls and isinstance(exc, RuntimeError)
+
+
+def test_calls_before_init_say_how_to_fix():
+    with pytest.raises(torchrpc.NotInitializedError, match=r"call torchrpc.init_rpc\(name"):
+        torchrpc.rpc_sync("worker1", len, args=([],))
+    with pytest.raises(torchrpc.NotInitializedError):
+        torchrpc.get_worker_info()
+
+
+@pytest.mark.parametrize("name", ["", "has space", "a" * 128, "dot.ted", "x/y"])
+def test_invalid_worker_names_are_rejected_naming_them(name):
+    with pytest.raises(ValueError, match="invalid worker name"):
+        torchrpc.init_rpc(name, rank=0, world_size=1)

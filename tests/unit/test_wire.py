@@ -1,0 +1,126 @@
+"""The frame format and its parser (csrc/message/wire.*), through test hooks.
+
+Every malformed input must yield an error for that stream (never a crash, a
+hang or an allocation driven by an unchecked length).
+"""
+
+import struct
+
+import pytest
+import torch
+
+from torchrpc._extension import native
+
+C = native()
+SCRIPT_RET = 20
+HEADER = struct.Struct("<IHHQQII")  # magic, version, type, id, payloadLen, numTensors, descLen
+MAGIC = 0x43505254
+
+
+def frame(payload=b"", tensors=(), type_=SCRIPT_RET, id_=7):
+    return C._encode_frame(type_, id_, payload, list(tensors))
+
+
+def parse(data, chunk=1 << 20):
+    return C._parse_frames(data, chunk)
+
+
+ALL_DTYPES = [
+    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+    torch.float32, torch.float64, torch.complex64, torch.complex128, torch.bool,
+    torch.bfloat16, torch.uint16, torch.uint32, torch.uint64,
+]
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_round_trip_every_dtype(dtype):
+    t = (torch.arange(12) % 5).to(dtype).reshape(3, 4)
+    messages, error, mid = parse(frame(b"abc", [t]))
+    assert error == "" and not mid
+    [(type_, id_, payload, tensors)] = messages
+    assert (type_, id_, payload) == (SCRIPT_RET, 7, b"abc")
+    assert tensors[0].dtype == dtype and torch.equal(tensors[0], t)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 31, 32, 33, 4096, 1 << 20])
+def test_any_chunking_gives_the_same_messages(chunk):
+    ts = [torch.randn(5, 7), torch.empty(0, 3), torch.tensor(3.5), torch.randint(0, 9, (100_000,))]
+    data = frame(b"first", ts) + frame(b"", [], id_=8) + frame(b"x" * 1000, ts[:1], id_=9)
+    messages, error, mid = parse(data, chunk)
+    assert error == "" and not mid
+    assert [m[1] for m in messages] == [7, 8, 9]
+    for got, want in zip(messages[0][3], ts):
+        assert got.shape == want.shape and torch.equal(got, want)
+    assert messages[2][2] == b"x" * 1000
+
+
+def test_views_and_non_contiguous_send_only_their_elements():
+    base = torch.arange(1000.0)
+    view = base[10:20]
+    strided = torch.arange(24.0).reshape(4, 6).t()
+    plain = frame(b"", [torch.arange(10.0)])
+    assert len(frame(b"", [view])) == len(plain)  # not the 1000-element storage
+    messages, error, _ = parse(frame(b"", [view, strided]))
+    assert error == ""
+    assert torch.equal(messages[0][3][0], view) and torch.equal(messages[0][3][1], strided)
+    assert messages[0][3][1].is_contiguous()
+
+
+def test_truncated_frame_is_incomplete_not_an_error():
+    data = frame(b"payload", [torch.ones(100)])
+    for cut in (1, 31, 32, 40, len(data) - 1):
+        messages, error, mid = parse(data[:cut])
+        assert messages == [] and error == "" and mid
+
+
+def corrupt(data, **fields):
+    values = dict(zip(("magic", "version", "type", "id", "payload", "ntensors", "desc"), HEADER.unpack(data[:32])))
+    values.update(fields)
+    return HEADER.pack(*values.values()) + data[32:]
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(magic=0xDEADBEEF), "bad frame magic"),
+        (dict(version=99), "unsupported wire version 99"),
+        (dict(type=999), "unknown message type 999"),
+        (dict(payload=1 << 40), "payload length"),
+        (dict(ntensors=1 << 20), "tensors; the limit is"),
+        (dict(desc=3), "descriptor length 3"),
+    ],
+)
+def test_bad_header_fields_are_rejected(fields, message):
+    messages, error, _ = parse(corrupt(frame(b"p", [torch.ones(2)]), **fields))
+    assert messages == []
+    assert message in error
+
+
+def descriptor_offset(payload_len):
+    return 32 + payload_len
+
+
+def test_bad_tensor_descriptors_are_rejected():
+    good = bytearray(frame(b"", [torch.ones(2, 3)]))
+    off = descriptor_offset(0)
+    cases = []
+    bad = bytearray(good); bad[off] = 200; cases.append((bad, "unsupported dtype code 200"))
+    bad = bytearray(good); bad[off] = int(12); cases.append((bad, "unsupported dtype code 12"))  # quantized
+    bad = bytearray(good); struct.pack_into("<q", bad, off + 8, -4); cases.append((bad, "negative size"))
+    bad = bytearray(good); struct.pack_into("<Q", bad, off + 24, 999); cases.append((bad, "claims 999 bytes"))
+    bad = bytearray(good); struct.pack_into("<q", bad, off + 8, 1 << 62); cases.append((bad, "1 TB limit"))
+    for data, message in cases:
+        messages, error, _ = parse(bytes(data))
+        assert messages == [] and message in error, (message, error)
+
+
+def test_good_frames_before_a_bad_one_are_delivered():
+    data = frame(b"ok", id_=1) + corrupt(frame(b"bad", id_=2), magic=1)
+    messages, error, _ = parse(data)
+    assert [m[1] for m in messages] == [1]
+    assert "bad frame magic" in error
+
+
+def test_unsupported_tensors_are_refused_on_send():
+    with pytest.raises(RuntimeError, match="dense"):
+        frame(b"", [torch.eye(3).to_sparse()])
