@@ -75,8 +75,10 @@ class WorkerInfo:
 class _State:
     """What init_rpc set up in this process."""
 
-    def __init__(self, agent, me, workers, options, rdv):
+    def __init__(self, agent, me, workers, options, rdv, addresses):
         self.agent = agent
+        self.callbacks = native().CallbackRunner()  # runs rpc_async completions
+        self.addresses = addresses  # (tcp, unix) this worker listens on
         self.me = me
         self.workers = workers  # by rank
         self.by_name = {w.name: w for w in workers}
@@ -153,7 +155,7 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
             agent.shutdown()
             raise
         workers = [WorkerInfo(r[0], r[1]) for r in records]
-        _state = _State(agent, workers[rank], workers, options, rdv)
+        _state = _State(agent, workers[rank], workers, options, rdv, (tcp, unix))
 
 
 def _check_unique_names(records):
@@ -205,6 +207,7 @@ def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):
                     )
     finally:
         state.agent.shutdown()
+        state.callbacks.stop()  # runs the completions of the calls shutdown failed
         python_fallback.forget_sent()
     if failure is not None:
         raise failure
@@ -283,9 +286,7 @@ def _script_name(func):
     explicit = _explicit_names.get(func)
     if explicit is not None:
         return explicit, ""
-    qualified = func.qualified_name
-    module = qualified[len("__torch__."):] if qualified.startswith("__torch__.") else ""
-    return qualified, module.rpartition(".")[0]
+    return python_fallback.script_reference(func)
 
 
 class _Invocation:
@@ -328,7 +329,14 @@ class _Invocation:
             else:
                 fut.set_result(value)
 
-        self.call.add_done_callback(done)
+        self.call.add_done_callback(_callbacks(), done)
+
+
+def _callbacks():
+    state = _state
+    if state is None:
+        raise errors.NotInitializedError("torchrpc shut down while a call was being set up")
+    return state.callbacks
 
 
 def _identity(value):
@@ -409,7 +417,8 @@ def rpc_async(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIME
     The future's ``wait()`` returns the result or raises the error that
     rpc_sync would raise; ``then``, ``done``, ``value``,
     ``torch.futures.collect_all`` and ``wait_all`` work as usual. Callbacks
-    run on torchrpc's I/O thread: keep them short and never block in them.
+    run in order on one torchrpc thread (never on the I/O thread): keep them
+    short, and do not wait in them for another call's future.
 
     Example::
 
@@ -458,4 +467,5 @@ def _debug_info():
         "worker": _state.me.name,
         "pending_requests": _state.agent.pending_count(),
         "connections": _state.agent.connection_count(),
+        "addresses": _state.addresses,
     }

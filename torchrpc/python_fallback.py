@@ -20,6 +20,7 @@ import pickle
 import sys
 import threading
 import traceback
+import types
 
 import cloudpickle
 import torch
@@ -37,6 +38,14 @@ _MAX_RECEIVED = 4096
 
 # ---- pickling with tensors out of band -------------------------------------
 
+def script_reference(fn):
+    """(qualified name, module to import) of a TorchScript function: what a
+    receiver needs to find the same function (see resolve_script)."""
+    qualified = fn.qualified_name
+    module = qualified[len("__torch__."):] if qualified.startswith("__torch__.") else ""
+    return qualified, module.rpartition(".")[0]
+
+
 class _Pickler(pickle.Pickler):
     def __init__(self, file, tensors):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
@@ -46,6 +55,8 @@ class _Pickler(pickle.Pickler):
         if type(obj) is torch.Tensor or type(obj) is torch.nn.Parameter:
             self._tensors.append(obj)
             return (len(self._tensors) - 1, type(obj) is torch.nn.Parameter, obj.requires_grad)
+        if isinstance(obj, torch.jit.ScriptFunction):
+            return ("script", *script_reference(obj))  # the receiver resolves it by name
         return None
 
 
@@ -63,6 +74,13 @@ class _Unpickler(pickle.Unpickler):
         self._tensors = tensors
 
     def persistent_load(self, pid):
+        if pid[0] == "script":
+            fn = resolve_script(pid[1], pid[2])
+            if fn is None:
+                raise pickle.UnpicklingError(
+                    f"no TorchScript function named {pid[1]!r} here; import {pid[2] or 'its module'} "
+                    "on this worker")
+            return fn
         index, is_parameter, requires_grad = pid
         t = self._tensors[index]
         if is_parameter:
@@ -173,6 +191,15 @@ def _error(exc, name):
     return ("err", _qualified_type(exc), str(exc), tb, name)
 
 
+def _stateless(fn):
+    """Whether one unpickled copy of fn may serve every call. Objects, bound
+    methods and closures carry state a call may change, so they are unpickled
+    afresh for each call, as the caller's copy was when it was sent."""
+    if isinstance(fn, (types.BuiltinFunctionType, type)):
+        return True
+    return isinstance(fn, types.FunctionType) and fn.__closure__ is None
+
+
 def handle_call(payload, tensors, caller_rank):
     """Runs one Python call. Called by the native bridge with the GIL held."""
     name = "<python call>"
@@ -183,12 +210,14 @@ def handle_call(payload, tensors, caller_rank):
             with _lock:
                 if len(_received) >= _MAX_RECEIVED:
                     _received.pop(next(iter(_received)))
-                _received[digest] = fn
+                _received[digest] = fn if _stateless(fn) else data
         else:
             with _lock:
                 fn = _received.get(digest)
             if fn is None:
                 return ("err", UNKNOWN_FUNCTION, f"function {name!r} is not cached here", "", name)
+            if isinstance(fn, bytes):
+                fn = cloudpickle.loads(fn)
         result = fn(*(args or ()), **(kwargs or {}))
     except BaseException as exc:  # everything the user code raises goes back
         return _error(exc, name)

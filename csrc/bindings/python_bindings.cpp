@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "common/spin.h"
 #include "message/wire.h"
+#include "python_fallback/callback_runner.h"
 #include "python_fallback/run_python.h"
 #include "script_dispatch/run_script.h"
 
@@ -50,22 +51,13 @@ struct Call {
     }
   }
 
-  void addDoneCallback(py::object fn) {
+  // fn() runs on the runner's thread, under the GIL, once the call is done.
+  void addDoneCallback(std::shared_ptr<torchrpc::python_fallback::CallbackRunner> runner, py::object fn) {
     auto callback = std::shared_ptr<py::object>(new py::object(std::move(fn)), [](py::object* p) {
       py::gil_scoped_acquire gil;
       delete p;
     });
-    future->addCallback([callback](c10::ivalue::Future&) {
-      py::gil_scoped_acquire gil;
-      try {
-        (*callback)();
-      } catch (py::error_already_set& e) {
-        // The callback completes a torch.futures.Future and reports its own
-        // errors there; anything reaching here is printed, never swallowed.
-        e.restore();
-        PyErr_Print();
-      }
-    });
+    future->addCallback([runner, callback](c10::ivalue::Future&) { runner->post(callback); });
   }
 };
 
@@ -107,6 +99,12 @@ PYBIND11_MODULE(_C, m) {
       .def("result", &Call::result)
       .def("done", [](const Call& c) { return c.future->completed(); })
       .def("add_done_callback", &Call::addDoneCallback);
+
+  py::class_<torchrpc::python_fallback::CallbackRunner,
+             std::shared_ptr<torchrpc::python_fallback::CallbackRunner>>(m, "CallbackRunner")
+      .def(py::init<>())
+      .def("stop", &torchrpc::python_fallback::CallbackRunner::stop,
+           py::call_guard<py::gil_scoped_release>());
 
   py::class_<Agent, std::shared_ptr<Agent>>(m, "Agent")
       .def(py::init([](const std::string& name, int rank, int worldSize, size_t numThreads,

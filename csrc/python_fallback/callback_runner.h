@@ -1,0 +1,46 @@
+#pragma once
+
+// CallbackRunner: the thread that runs Python completion callbacks
+// (rpc_async futures) under the GIL.
+//
+// Responses complete futures on the agent's I/O thread, which must never wait
+// for the GIL: a worker whose main thread is busy in Python would stop reading
+// its sockets, and the TorchScript calls it serves would stall with it. So the
+// I/O thread only queues the callback here; this thread takes the GIL once per
+// batch and runs them in order. Owned by the Python state of one init_rpc.
+
+#include <pybind11/pybind11.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+namespace torchrpc::python_fallback {
+
+class CallbackRunner {
+ public:
+  CallbackRunner();
+  ~CallbackRunner();
+
+  // Any thread, no GIL needed (after stop(), runs the callback inline).
+  void post(std::shared_ptr<pybind11::object> callback);
+  // Runs what is queued, then joins. Call without the GIL.
+  void stop();
+
+ private:
+  void run();
+  static void runOne(std::shared_ptr<pybind11::object>& callback);
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<pybind11::object>> queue_;
+  std::atomic<size_t> queued_{0};
+  bool stopping_{false};
+  bool stopped_{false};  // the thread has exited; post() runs callbacks inline
+  std::thread thread_;
+};
+
+}  // namespace torchrpc::python_fallback

@@ -1,0 +1,192 @@
+"""A small RPC job for tests: this pytest process is rank 0, the other ranks
+are subprocesses running :mod:`tests.multiprocess.worker`.
+
+Start one per test module (each process imports torch, which costs seconds
+here) and run many tests against it::
+
+    @pytest.fixture(scope="module")
+    def job():
+        with Cluster(3) as c:
+            yield c
+
+Workers serve calls until rank 0 tells them to shut down (gracefully, so the
+fixture's teardown also tests ``shutdown()``); they die with this process,
+and they print every thread's stack on SIGUSR1, which :func:`watchdog` sends
+before a hung test times out.
+"""
+
+import contextlib
+import faulthandler
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import torchrpc as rpc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_live = set()  # clusters whose processes may need a stack dump
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_command(rank, world_size, init_method, *, name=None, threads=4, extra=()):
+    return [
+        sys.executable, "-m", "tests.multiprocess.worker",
+        "--rank", str(rank), "--world-size", str(world_size),
+        "--init-method", init_method, "--name", name or f"worker{rank}",
+        "--threads", str(threads), *extra,
+    ]
+
+
+def spawn(cmd, log_path, env=None):
+    """Starts a worker subprocess logging to log_path."""
+    full_env = dict(os.environ, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
+    full_env.update(env or {})
+    log = open(log_path, "w")
+    try:
+        return subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+    finally:
+        log.close()
+
+
+class Cluster:
+    """World of `world_size` workers named worker0..N-1; rank 0 is this process.
+
+    Args:
+        world_size: number of workers, including this process.
+        threads: num_worker_threads of every worker.
+        rpc_timeout: default call timeout in seconds.
+    """
+
+    def __init__(self, world_size, *, threads=4, rpc_timeout=30.0):
+        self.world_size = world_size
+        self.names = [f"worker{r}" for r in range(world_size)]
+        self.threads = threads
+        self.rpc_timeout = rpc_timeout
+        self.dir = tempfile.mkdtemp(prefix="torchrpc-test-")
+        self.procs = {}  # rank -> Popen
+        self.init_method = f"tcp://127.0.0.1:{free_port()}"
+
+    def log_path(self, rank):
+        return os.path.join(self.dir, f"worker{rank}.log")
+
+    def log(self, rank):
+        with open(self.log_path(rank)) as f:
+            return f.read()
+
+    def __enter__(self):
+        _live.add(self)
+        for rank in range(1, self.world_size):
+            cmd = worker_command(rank, self.world_size, self.init_method, threads=self.threads)
+            self.procs[rank] = spawn(cmd, self.log_path(rank))
+        try:
+            rpc.init_rpc(
+                "worker0", rank=0, world_size=self.world_size,
+                rpc_backend_options=rpc.RpcOptions(
+                    init_method=self.init_method, num_worker_threads=self.threads,
+                    rpc_timeout=self.rpc_timeout, init_timeout=60),
+            )
+        except BaseException:
+            self.kill_all()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.stop()
+        finally:
+            _live.discard(self)
+
+    def kill(self, rank):
+        """SIGKILLs worker `rank` and waits for it to be gone."""
+        proc = self.procs[rank]
+        proc.kill()
+        proc.wait(timeout=10)
+
+    def kill_all(self):
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+
+    def alive(self):
+        return [r for r, p in self.procs.items() if p.poll() is None]
+
+    def stop(self, timeout=30):
+        """Graceful shutdown of the whole job; raises, with the workers' logs,
+        if a worker did not exit cleanly."""
+        from tests.multiprocess import funcs
+
+        alive = self.alive()
+        dead = sorted(set(self.procs) - set(alive))
+        try:
+            if dead:  # a test killed a worker: the job cannot shut down gracefully
+                for rank in alive:
+                    rpc.rpc_sync(rank, funcs.stop_worker, args=(False,), timeout=10)
+                rpc.shutdown(graceful=False)
+            else:
+                for rank in alive:
+                    rpc.rpc_sync(rank, funcs.stop_worker, args=(True,), timeout=10)
+                rpc.shutdown(graceful=True, timeout=timeout)
+        finally:
+            failed = []
+            for rank in alive:
+                try:
+                    code = self.procs[rank].wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    self.dump_stacks()
+                    self.procs[rank].kill()
+                    code = "hung"
+                if code != 0:
+                    failed.append(f"worker{rank} exited with {code}:\n{self.log(rank)}")
+            if failed:
+                raise AssertionError("\n".join(failed))
+
+    def dump_stacks(self):
+        """Prints every thread's stack of every rank to stderr."""
+        for rank in self.alive():
+            os.kill(self.procs[rank].pid, signal.SIGUSR1)
+        time.sleep(1.0)
+        for rank in self.procs:
+            sys.stderr.write(f"\n===== worker{rank} log (pid {self.procs[rank].pid}) =====\n")
+            sys.stderr.write(self.log(rank)[-20000:])
+        sys.stderr.write("\n===== worker0 (pytest process) =====\n")
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+
+
+def test_timeout(item):
+    marker = item.get_closest_marker("timeout")
+    if marker and marker.args:
+        return float(marker.args[0])
+    value = item.config.getini("timeout")
+    return float(value) if value else None
+
+
+@contextlib.contextmanager
+def watchdog(seconds):
+    """Dumps every live cluster's stacks if the block runs past `seconds`."""
+    if not seconds:
+        yield
+        return
+
+    def fire():
+        for c in list(_live):
+            c.dump_stacks()
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()

@@ -1,0 +1,387 @@
+"""rpc_sync / rpc_async against a 3-worker job: the three kinds of callee,
+values, addressing, self calls, threads, futures, errors, and GIL-free
+script execution."""
+
+import pickle
+import threading
+import time
+
+import pytest
+import torch
+
+import torchrpc as rpc
+from tests.multiprocess import funcs
+from tests.multiprocess.cluster import Cluster
+
+
+@pytest.fixture(scope="module", autouse=True)
+def job():
+    with Cluster(3) as c:
+        yield c
+
+
+KINDS = ["rpc_sync", "rpc_async"]
+
+
+def call(kind, to, fn, args=None, kwargs=None, **kw):
+    if kind == "rpc_sync":
+        return rpc.rpc_sync(to, fn, args=args, kwargs=kwargs, **kw)
+    fut = rpc.rpc_async(to, fn, args=args, kwargs=kwargs, **kw)
+    assert isinstance(fut, torch.futures.Future)
+    return fut.wait()
+
+
+# ---- the three kinds of callee ------------------------------------------------
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_script_function(kind):
+    a, b = torch.arange(4.0), torch.ones(4)
+    assert torch.equal(call(kind, "worker1", funcs.add, args=(a, b)), a + b)
+
+
+def test_script_function_kwargs_and_explicit_name():
+    assert torch.equal(rpc.rpc_sync("worker1", funcs.add, kwargs={"a": torch.ones(2), "b": torch.ones(2)}),
+                       torch.full((2,), 2.0))
+    # registered as "tests.triple" on every worker
+    assert torch.equal(rpc.rpc_sync("worker2", funcs.triple, args=(torch.ones(2),)), torch.full((2,), 3.0))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    "fn, args, expected",
+    [
+        (torch.add, (torch.ones(2), 1), torch.full((2,), 2.0)),
+        (torch.matmul, (torch.eye(2), torch.arange(4.0).view(2, 2)), torch.arange(4.0).view(2, 2)),
+        (torch.Tensor.mul, (torch.ones(2), 5), torch.full((2,), 5.0)),
+        (torch.ops.aten.sub, (torch.ones(2), torch.ones(2)), torch.zeros(2)),
+        (torch.ops.aten.neg.default, (torch.ones(2),), -torch.ones(2)),
+    ],
+    ids=["torch.add", "torch.matmul", "Tensor.mul", "ops.aten.sub", "ops.aten.neg.default"],
+)
+def test_builtin(kind, fn, args, expected):
+    assert torch.equal(call(kind, "worker2", fn, args=args), expected)
+
+
+def test_builtin_kwargs():
+    out = rpc.rpc_sync("worker1", torch.add, args=(torch.ones(2), torch.ones(2)), kwargs={"alpha": 3})
+    assert torch.equal(out, torch.full((2,), 4.0))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_python_callables(kind):
+    x = torch.ones(3)
+    offset = 7
+    counter = funcs.Counter(10)
+    assert torch.equal(call(kind, "worker1", funcs.py_add, args=(x, x)), x + x)
+    assert call(kind, "worker1", lambda a, b=1: a * b, args=(6,), kwargs={"b": 7}) == 42
+    assert call(kind, "worker1", lambda v: v + offset, args=(1,)) == 8  # closure
+    assert call(kind, "worker1", counter.bump, args=(5,)) == 15  # bound method (a copy)
+    assert call(kind, "worker1", counter, args=(1,)) == 11  # callable object
+    assert call(kind, "worker1", sorted, args=([3, 1, 2],)) == [1, 2, 3]
+
+
+def test_closure_sees_current_values():
+    # A lambda is pickled on every call, so what it captured is always current.
+    for value in range(3):
+        assert rpc.rpc_sync("worker1", lambda: value) == value
+
+
+# ---- values ---------------------------------------------------------------------
+
+NESTED = [
+    None, True, 3, -2.5, "text", b"bytes",
+    [1, "two", 3.0], (1, (2, (3,))), {"a": [1, 2], "b": {"c": None}},
+]
+
+
+@pytest.mark.parametrize("value", NESTED, ids=repr)
+def test_python_values_round_trip(value):
+    assert rpc.rpc_sync("worker1", funcs.echo, args=(value,)) == value
+
+
+def test_nested_tensors_round_trip():
+    value = {"w": [torch.ones(2), (torch.zeros(3, dtype=torch.int64), "x")], "n": 1}
+    out = rpc.rpc_sync("worker2", funcs.echo, args=(value,))
+    assert out["n"] == 1 and out["w"][1][1] == "x"
+    assert torch.equal(out["w"][0], torch.ones(2)) and torch.equal(out["w"][1][0], torch.zeros(3, dtype=torch.int64))
+
+
+def test_script_values():
+    xs = {"k": torch.arange(3)}
+    n, f, s, d, was_none = rpc.rpc_sync("worker1", funcs.mixed, args=(4, 1.5, "hi", xs, None))
+    assert (n, f, s, was_none) == (5, 3.0, "hi!", True)
+    assert torch.equal(d["k"], torch.arange(3))
+    assert rpc.rpc_sync("worker1", funcs.no_tensors, args=(21,)) == 42
+
+
+DTYPES = [
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
+    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
+    torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn, torch.float8_e5m2,
+]
+
+
+def _sample(dtype):
+    if dtype.is_complex:
+        return torch.randn(3, 4, dtype=dtype)
+    if dtype == torch.bool:
+        return torch.tensor([[True, False, True, False]] * 3)
+    return torch.arange(12).view(3, 4).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_dtype(dtype):
+    x = _sample(dtype)
+    for fn in (funcs.echo, funcs.echo_list):
+        out = rpc.rpc_sync("worker1", fn, args=([x],))
+        assert out[0].dtype == dtype and out[0].shape == x.shape
+        assert torch.equal(out[0].view(torch.uint8), x.view(torch.uint8))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.arange(12.0).view(3, 4).t(),          # transposed
+    lambda: torch.arange(20.0)[::3],                     # strided
+    lambda: torch.arange(24.0).view(2, 3, 4)[:, 1:, ::2],  # both
+    lambda: torch.arange(5.0).expand(3, 5),              # stride 0
+], ids=["transposed", "strided", "sliced", "expanded"])
+def test_non_contiguous(make):
+    x = make()
+    assert torch.equal(rpc.rpc_sync("worker1", funcs.echo, args=(x,)), x)
+    assert torch.equal(rpc.rpc_sync("worker1", funcs.add, args=(x, x)), x + x)
+    assert torch.equal(rpc.rpc_sync("worker1", torch.clone, args=(x,)), x)
+
+
+def test_view_sends_only_its_elements():
+    big = torch.arange(1_000_000, dtype=torch.float32)
+    view = big[10:20]
+    assert rpc.rpc_sync("worker1", funcs.storage_nbytes, args=(view,)) == 10 * 4
+    out = rpc.rpc_sync("worker1", funcs.echo, args=(view,))
+    assert torch.equal(out, view) and out.untyped_storage().nbytes() == 40
+
+
+@pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 4, 0)])
+def test_empty_tensors(shape):
+    x = torch.empty(shape)
+    for fn in (funcs.echo, torch.clone):
+        out = rpc.rpc_sync("worker2", fn, args=(x,))
+        assert out.shape == x.shape and out.dtype == x.dtype
+
+
+def test_zero_dim_and_requires_grad_flag():
+    out = rpc.rpc_sync("worker1", funcs.echo, args=(torch.tensor(3.5),))
+    assert out.dim() == 0 and out.item() == 3.5
+    p = torch.nn.Parameter(torch.ones(2))
+    back = rpc.rpc_sync("worker1", funcs.echo, args=(p,))
+    assert isinstance(back, torch.nn.Parameter) and back.requires_grad
+
+
+def _available_bytes():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+@pytest.mark.timeout(300)
+def test_tensor_over_2gb():
+    nbytes = 2**31 + 4096
+    if _available_bytes() < 4 * nbytes:
+        pytest.skip(f"needs {4 * nbytes >> 30} GiB of free memory for sender and receiver copies")
+    x = torch.ones(nbytes, dtype=torch.uint8)
+    x[-1] = 5
+    assert rpc.rpc_sync("worker1", funcs.checksum, args=(x,), timeout=240) == nbytes + 4
+    del x
+
+
+# ---- addressing -----------------------------------------------------------------
+
+def test_to_by_name_rank_and_worker_info():
+    info = rpc.get_worker_info("worker2")
+    assert info.id == 2 and info.name == "worker2"
+    for to in ("worker2", 2, info):
+        assert rpc.rpc_sync(to, funcs.pid) == rpc.rpc_sync("worker2", funcs.pid)
+    assert rpc.get_worker_info() == rpc.get_worker_info("worker0")
+
+
+def test_worker_info_is_comparable_hashable_picklable():
+    infos = [rpc.get_worker_info(n) for n in ("worker2", "worker0", "worker1")]
+    assert sorted(infos) == [rpc.get_worker_info(f"worker{i}") for i in range(3)]
+    assert len({*infos, rpc.get_worker_info("worker1")}) == 3
+    assert pickle.loads(pickle.dumps(infos[0])) == infos[0]
+    # and it travels as an argument
+    assert rpc.rpc_sync("worker1", funcs.echo, args=(infos[0],)) == infos[0]
+
+
+@pytest.mark.parametrize("fn, args", [
+    (funcs.add, (torch.ones(1), torch.ones(1))),
+    (torch.add, (torch.ones(1), torch.ones(1))),
+    (funcs.py_add, (torch.ones(1), torch.ones(1))),
+], ids=["script", "builtin", "python"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_call_to_self(kind, fn, args):
+    assert torch.equal(call(kind, "worker0", fn, args=args), torch.full((1,), 2.0))
+
+
+def test_worker_to_worker_and_nested():
+    # worker1 calls worker2, which calls worker0 (this process) back
+    out = rpc.rpc_sync("worker1", funcs.call, args=(
+        "worker2", funcs.call, ("worker0", funcs.add, (torch.ones(1), torch.ones(1)))))
+    assert torch.equal(out, torch.full((1,), 2.0))
+    assert rpc.rpc_sync("worker2", funcs.call, args=("worker1", funcs.no_tensors, (5,), None, "rpc_async")) == 10
+
+
+# ---- threads and futures -----------------------------------------------------------
+
+def test_many_threads_share_the_agent():
+    errors, results = [], {}
+
+    def run(i):
+        try:
+            for j in range(40):
+                to = 1 + (i + j) % 2
+                fn = (funcs.add, torch.add, funcs.py_add)[j % 3]
+                out = rpc.rpc_sync(to, fn, args=(torch.full((2,), float(i)), torch.full((2,), float(j))))
+                assert torch.equal(out, torch.full((2,), float(i + j)))
+            results[i] = True
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert len(results) == 8
+
+
+def test_future_api():
+    fut = rpc.rpc_async("worker1", funcs.sleep, args=(0.2,))
+    assert not fut.done()
+    chained = fut.then(lambda f: f.value() * 10)
+    assert fut.wait() == 0.2 and fut.done() and fut.value() == 0.2
+    assert chained.wait() == 2.0
+
+    futs = [rpc.rpc_async(1 + i % 2, funcs.no_tensors, args=(i,)) for i in range(64)]
+    assert torch.futures.wait_all(futs) == [2 * i for i in range(64)]
+    collected = torch.futures.collect_all(futs[:3]).wait()
+    assert [f.value() for f in collected] == [0, 2, 4]
+
+
+def test_future_carries_the_remote_error():
+    fut = rpc.rpc_async("worker1", funcs.raise_custom, args=("from a future",))
+    with pytest.raises(funcs.CustomError, match="from a future"):
+        fut.wait()
+    then = fut.then(lambda f: f.value())
+    # torch.futures wraps what a then-callback raises in a RuntimeError
+    with pytest.raises(RuntimeError, match="CustomError: from a future"):
+        then.wait()
+
+
+# ---- errors ---------------------------------------------------------------------------
+
+def test_remote_exception_keeps_type_message_worker_and_traceback():
+    with pytest.raises(funcs.CustomError) as info:
+        rpc.rpc_sync("worker2", funcs.raise_custom, args=("bad input",))
+    text = str(info.value)
+    assert "bad input" in text and "worker2" in text and "raise_custom" in text
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "Remote traceback" in notes and "funcs.py" in notes and "raise CustomError" in notes
+
+
+def test_remote_exception_of_unimportable_type():
+    with pytest.raises(rpc.RemoteError, match="LocalOnly") as info:
+        rpc.rpc_sync("worker1", funcs.raise_unimportable)
+    assert "defined inside a function" in str(info.value)
+    assert "LocalOnly" in info.value.remote_type
+
+
+def test_script_exception():
+    with pytest.raises(Exception, match="positive input is not allowed") as info:
+        rpc.rpc_sync("worker1", funcs.script_raises, args=(torch.ones(1),))
+    assert "worker1" in str(info.value)
+    assert torch.equal(rpc.rpc_sync("worker1", funcs.script_raises, args=(-torch.ones(1),)), -torch.ones(1))
+
+
+def test_builtin_exception_names_the_op():
+    with pytest.raises(RuntimeError, match="worker1") as info:
+        rpc.rpc_sync("worker1", torch.matmul, args=(torch.ones(2, 3), torch.ones(2, 3)))
+    assert "matmul" in str(info.value)
+
+
+def test_script_schema_mismatch_names_function_and_argument():
+    with pytest.raises(TypeError) as info:
+        rpc.rpc_sync("worker1", funcs.add, args=(torch.ones(1), "not a tensor"))
+    text = str(info.value)
+    assert "add" in text and "b" in text and "Tensor" in text
+    with pytest.raises(TypeError, match="add"):
+        rpc.rpc_sync("worker1", funcs.add, args=(torch.ones(1),))
+
+
+def test_timeout_names_call_worker_and_limit():
+    with pytest.raises(rpc.RpcTimeoutError) as info:
+        rpc.rpc_sync("worker1", funcs.sleep, args=(3,), timeout=0.3)
+    text = str(info.value)
+    assert "worker1" in text and "0.3" in text and "sleep" in text
+    fut = rpc.rpc_async("worker2", funcs.sleep, args=(3,), timeout=0.3)
+    with pytest.raises(rpc.RpcTimeoutError, match="worker2"):
+        fut.wait()
+    assert isinstance(info.value, TimeoutError) and isinstance(info.value, RuntimeError)
+    time.sleep(3)  # let the sleepers finish before later tests use the pool
+
+
+@pytest.mark.parametrize("to, exc, match", [
+    ("nobody", ValueError, "unknown worker 'nobody'; known workers: worker0, worker1, worker2"),
+    (7, ValueError, "no worker has rank 7"),
+    (1.5, TypeError, "expects a worker name"),
+    (rpc.WorkerInfo("worker1", 2), ValueError, "is not a worker of this job"),
+])
+def test_bad_destination(to, exc, match):
+    with pytest.raises(exc, match=match):
+        rpc.rpc_sync(to, funcs.pid)
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="expects a tuple"):
+        rpc.rpc_sync("worker1", funcs.py_add, args=torch.ones(1))
+    with pytest.raises(TypeError, match="expects a dict"):
+        rpc.rpc_sync("worker1", funcs.py_add, kwargs=[1])
+    with pytest.raises(TypeError, match="expects a callable"):
+        rpc.rpc_sync("worker1", 42)
+    with pytest.raises(ValueError, match="timeout"):
+        rpc.rpc_sync("worker1", funcs.pid, timeout=-5)
+
+
+def test_unpicklable_callable_and_argument():
+    lock = threading.Lock()
+    with pytest.raises((TypeError, ValueError), match="pickle"):
+        rpc.rpc_sync("worker1", lambda: lock.locked())
+    with pytest.raises((TypeError, ValueError), match="pickle"):
+        rpc.rpc_sync("worker1", funcs.echo, args=(lock,))
+
+
+# ---- the GIL --------------------------------------------------------------------------
+
+def test_script_calls_run_while_the_callee_holds_the_gil():
+    hold = 3.0
+    x = torch.ones(4)
+    calls = ((funcs.add, (x, x)), (torch.add, (x, x)), (funcs.busy, (100,)))
+    for fn, args in calls:
+        # The first call of a script function looks its name up in Python
+        # (once per worker); from then on nothing on the path needs the GIL.
+        rpc.rpc_sync("worker1", fn, args=args)
+    rpc.rpc_sync("worker1", funcs.hold_gil_on_main, args=(hold,))
+    time.sleep(0.5)  # let worker1's main thread take the GIL
+    started = time.time()
+    for fn, args in calls:
+        for _ in range(10):
+            rpc.rpc_sync("worker1", fn, args=args, timeout=10)
+    finished = time.time()
+    # A Python call needs worker1's GIL: it can only run once the hold is over.
+    rpc.rpc_sync("worker1", funcs.pid, timeout=10)
+    start, end = rpc.rpc_sync("worker1", funcs.hold_window)
+    assert end - start >= hold - 0.01
+    assert start <= started and finished <= end, (
+        f"script/builtin calls ran from {started:.3f} to {finished:.3f}; "
+        f"worker1 held the GIL from {start:.3f} to {end:.3f}")

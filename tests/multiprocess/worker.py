@@ -1,0 +1,46 @@
+"""Entry point of a test worker process: joins the job, then runs tasks that
+tests hand to its main thread (see funcs.on_main) until told to stop."""
+
+import argparse
+import ctypes
+import faulthandler
+import signal
+import sys
+
+
+def _die_with_parent():
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--init-method", required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--idle-limit", type=float, default=900.0,
+                        help="exit with an error after this many seconds without a stop")
+    args = parser.parse_args()
+    _die_with_parent()
+    faulthandler.enable()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+    import torchrpc as rpc
+    from tests.multiprocess import funcs
+
+    rpc.init_rpc(args.name, rank=args.rank, world_size=args.world_size,
+                 rpc_backend_options=rpc.RpcOptions(init_method=args.init_method,
+                                                    num_worker_threads=args.threads,
+                                                    init_timeout=60))
+    graceful = funcs.serve_main_thread(args.idle_limit)
+    if graceful is None:
+        print(f"{args.name}: no stop request within {args.idle_limit} s", file=sys.stderr)
+        rpc.shutdown(graceful=False)
+        sys.exit(3)
+    rpc.shutdown(graceful=graceful, timeout=30)
+
+
+if __name__ == "__main__":
+    main()
