@@ -151,6 +151,7 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
             agent.set_script_resolver(python_fallback.resolve_script)
             for fn, explicit in _explicit_names.items():
                 agent.register_script(explicit, fn)
+            agent.start_serving()
         except BaseException:
             agent.shutdown()
             raise

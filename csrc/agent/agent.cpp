@@ -80,6 +80,15 @@ void Agent::setHandler(MessageType type, Handler handler) {
   handlers_[static_cast<uint16_t>(type)] = std::move(handler);
 }
 
+void Agent::startServing() {
+  loop_->defer([this] {
+    serving_ = true;
+    auto held = std::move(held_);
+    held_.clear();
+    for (auto& [conn, m] : held) onMessageFromLoop(conn, std::move(m));
+  });
+}
+
 const PeerInfo& Agent::peer(int rank) const {
   TORCH_CHECK(rank >= 0 && rank < static_cast<int>(peers_.size()), "no worker with rank ", rank,
               " (world size ", peers_.size(), ")");
@@ -289,6 +298,10 @@ void Agent::onHelloFromLoop(const std::shared_ptr<Connection>& conn, Message&& m
 }
 
 void Agent::onMessageFromLoop(const std::shared_ptr<Connection>& conn, Message&& m) {
+  if (!serving_) {
+    held_.emplace_back(conn, std::move(m));
+    return;
+  }
   if (m.type == MessageType::kHello) {
     onHelloFromLoop(conn, std::move(m));
     return;

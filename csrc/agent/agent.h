@@ -70,6 +70,9 @@ class Agent {
   // The whole job's table, indexed by rank; after the rendezvous.
   void setPeers(std::vector<PeerInfo> peers);
   void setHandler(MessageType type, Handler handler);
+  // Call once peers and handlers are set. Until then, frames that arrive (a
+  // fast peer may finish the rendezvous first) are held, then handled in order.
+  void startServing();
 
   // Sends a request to rank dst. The future completes with the response's
   // value: SCRIPT_RET's IValue, or for PYTHON_RET a tuple (payload as a uint8
@@ -123,6 +126,8 @@ class Agent {
   mutable std::mutex connectionsMutex_;
   std::unordered_map<uint64_t, std::shared_ptr<Connection>> connections_;
   std::unordered_set<uint64_t> saidGoodbye_;  // loop thread only
+  bool serving_{false};                       // loop thread only
+  std::vector<std::pair<std::shared_ptr<Connection>, Message>> held_;  // loop thread only
   std::atomic<bool> shuttingDown_{false};
   std::atomic<bool> stopped_{false};
 };

@@ -179,6 +179,7 @@ PYBIND11_MODULE(_C, m) {
              msg.tensors = std::move(tensors);
              return translated([&] { return sendOrRaise(a, dst, std::move(msg), timeout, kind, function); });
            })
+      .def("start_serving", &Agent::startServing)
       .def("wait_pending", &Agent::waitPending, py::call_guard<py::gil_scoped_release>())
       .def("shutdown", &Agent::shutdown, py::call_guard<py::gil_scoped_release>())
       .def("pending_count", &Agent::pendingCount)

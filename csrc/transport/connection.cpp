@@ -195,8 +195,12 @@ void Connection::readFromLoop() {
       break;
     }
     if (r == 0) {
-      closeReason = reader_.midFrame() ? "connection closed by the peer in the middle of a frame"
-                                       : "connection closed by the peer";
+      if (reader_.midFrame()) {
+        closeReason = "truncated frame: connection closed by the peer in the middle of a frame";
+        TORCHRPC_WARN(workerName_, "closing " << description_ << ": " << closeReason);
+      } else {
+        closeReason = "connection closed by the peer";
+      }
       break;
     }
     total += static_cast<size_t>(r);

@@ -67,14 +67,31 @@ class Cluster:
         rpc_timeout: default call timeout in seconds.
     """
 
-    def __init__(self, world_size, *, threads=4, rpc_timeout=30.0):
+    def __init__(self, world_size, *, init="tcp", threads=4, rpc_timeout=30.0):
         self.world_size = world_size
         self.names = [f"worker{r}" for r in range(world_size)]
         self.threads = threads
         self.rpc_timeout = rpc_timeout
         self.dir = tempfile.mkdtemp(prefix="torchrpc-test-")
         self.procs = {}  # rank -> Popen
-        self.init_method = f"tcp://127.0.0.1:{free_port()}"
+        self.init = init
+        port = free_port()
+        # how this process joins (init_rpc keyword arguments), and how workers do
+        self.env = {}
+        self.worker_args = []
+        if init == "tcp":
+            self.init_method = f"tcp://127.0.0.1:{port}"
+        elif init == "file":
+            self.init_method = "file://" + os.path.join(self.dir, "rendezvous")
+        elif init == "env":  # what torchrun sets; workers read their rank from RANK
+            self.init_method = "env://"
+            self.env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                        "WORLD_SIZE": str(world_size)}
+        elif init == "store":
+            self.init_method = None
+            self.worker_args = ["--store", f"127.0.0.1:{port}"]
+        else:
+            raise ValueError(f"unknown init {init!r}")
 
     def log_path(self, rank):
         return os.path.join(self.dir, f"worker{rank}.log")
@@ -85,16 +102,23 @@ class Cluster:
 
     def __enter__(self):
         _live.add(self)
+        options = dict(num_worker_threads=self.threads, rpc_timeout=self.rpc_timeout, init_timeout=60)
+        if self.init == "store":
+            import torch.distributed as dist
+
+            host, port = self.worker_args[1].split(":")
+            options["store"] = dist.TCPStore(host, int(port), self.world_size, is_master=True,
+                                             wait_for_workers=False)
+        else:
+            options["init_method"] = self.init_method
         for rank in range(1, self.world_size):
-            cmd = worker_command(rank, self.world_size, self.init_method, threads=self.threads)
-            self.procs[rank] = spawn(cmd, self.log_path(rank))
+            cmd = worker_command(rank, self.world_size, self.init_method or "env://",
+                                 threads=self.threads, extra=self.worker_args)
+            self.procs[rank] = spawn(cmd, self.log_path(rank), env=dict(self.env, RANK=str(rank)))
         try:
-            rpc.init_rpc(
-                "worker0", rank=0, world_size=self.world_size,
-                rpc_backend_options=rpc.RpcOptions(
-                    init_method=self.init_method, num_worker_threads=self.threads,
-                    rpc_timeout=self.rpc_timeout, init_timeout=60),
-            )
+            with _environment(self.env):
+                rpc.init_rpc("worker0", rank=0, world_size=self.world_size,
+                             rpc_backend_options=rpc.RpcOptions(**options))
         except BaseException:
             self.kill_all()
             raise
@@ -162,6 +186,20 @@ class Cluster:
         sys.stderr.write("\n===== worker0 (pytest process) =====\n")
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def _environment(values):
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def test_timeout(item):

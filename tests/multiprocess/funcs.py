@@ -183,3 +183,16 @@ def pid():
 
 def thread_count():
     return threading.active_count()
+
+
+def stop_worker_later(delay, call_back_to):
+    """Makes the worker call `call_back_to`, then shut down gracefully,
+    `delay` seconds from now (returns at once)."""
+
+    def later():
+        time.sleep(delay)
+        value = rpc.rpc_sync(call_back_to, no_tensors, args=(21,))
+        print(f"call back during shutdown returned {value}", flush=True)
+        _main_tasks.put(True)
+
+    _main_tasks.put(later)

@@ -20,6 +20,7 @@ def main():
     parser.add_argument("--init-method", required=True)
     parser.add_argument("--name", required=True)
     parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--store", help="HOST:PORT of a TCPStore to join (instead of --init-method)")
     parser.add_argument("--idle-limit", type=float, default=900.0,
                         help="exit with an error after this many seconds without a stop")
     args = parser.parse_args()
@@ -30,10 +31,24 @@ def main():
     import torchrpc as rpc
     from tests.multiprocess import funcs
 
-    rpc.init_rpc(args.name, rank=args.rank, world_size=args.world_size,
-                 rpc_backend_options=rpc.RpcOptions(init_method=args.init_method,
-                                                    num_worker_threads=args.threads,
-                                                    init_timeout=60))
+    options = dict(num_worker_threads=args.threads, init_timeout=60)
+    if args.store:
+        import torch.distributed as dist
+
+        host, port = args.store.split(":")
+        options["store"] = dist.TCPStore(host, int(port), args.world_size, is_master=False)
+    else:
+        options["init_method"] = args.init_method
+    if args.init_method == "env://" and not args.store:
+        rank, world_size = -1, None  # from RANK and WORLD_SIZE, as under torchrun
+    else:
+        rank, world_size = args.rank, args.world_size
+    try:
+        rpc.init_rpc(args.name, rank=rank, world_size=world_size,
+                     rpc_backend_options=rpc.RpcOptions(**options))
+    except Exception as exc:
+        print(f"{args.name}: init_rpc failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        sys.exit(2)
     graceful = funcs.serve_main_thread(args.idle_limit)
     if graceful is None:
         print(f"{args.name}: no stop request within {args.idle_limit} s", file=sys.stderr)

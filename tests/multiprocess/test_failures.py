@@ -1,0 +1,96 @@
+"""Failures a user must be able to act on: a worker that dies, and a peer
+that sends garbage. The job has spare workers that tests kill on purpose."""
+
+import socket
+import struct
+import time
+
+import pytest
+import torch
+
+import torchrpc as rpc
+from tests.multiprocess import funcs
+from tests.multiprocess.cluster import Cluster
+
+MAGIC = 0x43505254
+HELLO = 1
+
+
+@pytest.fixture(scope="module")
+def job():
+    with Cluster(4) as c:
+        yield c
+
+
+def test_killed_callee_fails_every_pending_call_at_once(job):
+    rpc.rpc_sync("worker3", funcs.busy, args=(1,))  # resolve the script function
+    futs = [
+        rpc.rpc_async("worker3", funcs.sleep, args=(30,)),
+        rpc.rpc_async("worker3", funcs.busy, args=(10_000_000,)),
+        rpc.rpc_async("worker3", funcs.sleep, args=(20,), timeout=0),  # no deadline at all
+    ]
+    time.sleep(0.5)
+    job.kill(3)
+    killed = time.monotonic()
+    for fut in futs:
+        with pytest.raises(rpc.PeerUnreachableError, match="worker3") as info:
+            fut.wait()
+        assert isinstance(info.value, ConnectionError) and isinstance(info.value, RuntimeError)
+    assert time.monotonic() - killed < 1.0, "pending calls waited for their timeout"
+    # and later calls fail at once too, naming the worker
+    started = time.monotonic()
+    with pytest.raises(rpc.PeerUnreachableError, match="worker3"):
+        rpc.rpc_sync("worker3", funcs.pid, timeout=20)
+    assert time.monotonic() - started < 5.0
+
+
+def test_killed_peer_fails_calls_between_other_workers(job):
+    fut = rpc.rpc_async("worker1", funcs.call_expect_error, args=("worker2", funcs.sleep, (30,)))
+    time.sleep(0.5)
+    job.kill(2)
+    kind, message = fut.wait()
+    assert kind == "PeerUnreachableError" and "worker2" in message and "sleep" in message
+    # the other workers are unaffected
+    assert rpc.rpc_sync("worker1", funcs.no_tensors, args=(4,)) == 8
+
+
+def _worker1_tcp_address():
+    tcp, _unix = rpc.rpc_sync("worker1", funcs.debug_info)["addresses"]
+    host, port = tcp.removeprefix("tcp://").rsplit(":", 1)
+    return host, int(port)
+
+
+def _header(type_, payload_len, num_tensors=0, desc_len=0, magic=MAGIC, version=1):
+    return struct.pack("<IHHQQII", magic, version, type_, 0, payload_len, num_tensors, desc_len)
+
+
+@pytest.mark.parametrize("garbage, reason", [
+    (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\0" * 16, "magic"),
+    (_header(HELLO, 1 << 62), "payload"),
+    (_header(HELLO, 8, num_tensors=1 << 30), "tensor"),
+    (_header(999, 0), "type"),
+], ids=["not-torchrpc", "huge-payload", "too-many-tensors", "unknown-type"])
+def test_malformed_frame_closes_only_that_connection(job, garbage, reason):
+    before = job.log(1).count("malformed frame")
+    with socket.create_connection(_worker1_tcp_address(), timeout=10) as s:
+        s.sendall(garbage)
+        s.settimeout(10)
+        assert s.recv(1) == b"", "worker1 kept a connection that sent a malformed frame open"
+    # worker1 logged why, and still serves everyone
+    deadline = time.monotonic() + 5
+    while job.log(1).count("malformed frame") == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    lines = [line for line in job.log(1).splitlines() if "malformed frame" in line]
+    assert len(lines) > before and reason in lines[-1].lower(), lines[-1:]
+    assert torch.equal(rpc.rpc_sync("worker1", funcs.add, args=(torch.ones(1), torch.ones(1))),
+                       torch.full((1,), 2.0))
+
+
+def test_truncated_frame_closes_only_that_connection(job):
+    with socket.create_connection(_worker1_tcp_address(), timeout=10) as s:
+        s.sendall(_header(HELLO, 100) + b"x" * 10)  # then the peer goes away mid-frame
+    deadline = time.monotonic() + 5
+    while "truncated frame" not in job.log(1) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "truncated frame" in job.log(1)
+    assert rpc.rpc_sync("worker1", funcs.no_tensors, args=(1,)) == 2

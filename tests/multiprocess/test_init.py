@@ -1,0 +1,95 @@
+"""Joining and leaving a job: init methods, names, shutdown, re-init.
+
+Each test starts its own small job (this process is rank 0), so these are the
+suite's most expensive tests; they also prove that init_rpc works again in a
+process after shutdown."""
+
+import os
+import subprocess
+import time
+
+import pytest
+import torch
+
+import torchrpc as rpc
+from tests.multiprocess import funcs
+from tests.multiprocess.cluster import Cluster, free_port, spawn, worker_command
+
+
+@pytest.mark.parametrize("init", ["tcp", "env", "file", "store"])
+def test_init_methods_and_reinit(init):
+    with Cluster(3, init=init) as job:
+        assert rpc.get_worker_info().name == "worker0"
+        assert [rpc.get_worker_info(n).id for n in job.names] == [0, 1, 2]
+        assert torch.equal(rpc.rpc_sync("worker2", funcs.add, args=(torch.ones(1), torch.ones(1))),
+                           torch.full((1,), 2.0))
+        # the workers learnt their ranks from the same rendezvous
+        assert rpc.rpc_sync("worker1", funcs.call, args=("worker2", rpc.get_worker_info)).id == 2
+    assert not rpc.api._debug_info()["initialized"]
+
+
+def test_init_twice_in_a_process_is_an_error():
+    with Cluster(2):
+        with pytest.raises(RuntimeError, match="already initialized in this process as 'worker0'"):
+            rpc.init_rpc("again", rank=0, world_size=1)
+
+
+def test_duplicate_name_is_rejected_naming_it(tmp_path):
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    log = tmp_path / "worker1.log"
+    proc = spawn(worker_command(1, 2, init_method, name="worker0"), log)
+    try:
+        with pytest.raises(ValueError, match="worker name 'worker0' is used by ranks 0 and 1"):
+            rpc.init_rpc("worker0", rank=0, world_size=2,
+                         rpc_backend_options=rpc.RpcOptions(init_method=init_method, init_timeout=60))
+        assert proc.wait(timeout=60) == 2
+        assert "worker name 'worker0' is used by ranks 0 and 1" in log.read_text()
+    finally:
+        proc.kill()
+    assert not rpc.api._debug_info()["initialized"]
+
+
+def test_graceful_shutdown_waits_for_every_worker_and_keeps_serving():
+    job = Cluster(2)
+    job.__enter__()
+    try:
+        # worker1 calls back into this process 1 s from now, then shuts down
+        rpc.rpc_sync("worker1", funcs.stop_worker_later, args=(1.0, "worker0"))
+        started = time.monotonic()
+        rpc.shutdown(graceful=True, timeout=30)
+        took = time.monotonic() - started
+        assert took >= 0.9, f"shutdown returned after {took:.2f} s, before worker1 reached it"
+        assert job.procs[1].wait(timeout=30) == 0
+        assert "call back during shutdown returned 42" in job.log(1)
+    finally:
+        job.kill_all()
+
+
+def test_non_graceful_shutdown_is_local_and_fails_pending_calls():
+    job = Cluster(2)
+    job.__enter__()
+    try:
+        fut = rpc.rpc_async("worker1", funcs.sleep, args=(10,))
+        time.sleep(0.2)
+        started = time.monotonic()
+        rpc.shutdown(graceful=False)
+        assert time.monotonic() - started < 5
+        with pytest.raises(rpc.ShutdownError, match="worker1"):
+            fut.wait()
+        with pytest.raises(rpc.NotInitializedError, match="init_rpc"):
+            rpc.rpc_sync("worker1", funcs.pid)
+    finally:
+        job.kill_all()
+
+
+def test_graceful_shutdown_timeout_names_what_is_missing():
+    job = Cluster(2)
+    job.__enter__()
+    try:
+        started = time.monotonic()
+        with pytest.raises(rpc.RpcTimeoutError, match="not every worker reached shutdown within 1"):
+            rpc.shutdown(graceful=True, timeout=1)
+        assert time.monotonic() - started < 10
+        assert not rpc.api._debug_info()["initialized"]
+    finally:
+        job.kill_all()
