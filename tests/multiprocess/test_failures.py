@@ -94,3 +94,34 @@ def test_truncated_frame_closes_only_that_connection(job):
         time.sleep(0.05)
     assert "truncated frame" in job.log(1)
     assert rpc.rpc_sync("worker1", funcs.no_tensors, args=(1,)) == 2
+
+
+def _rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_slow_reader_makes_the_sender_wait(job):
+    """While worker1 reads nothing (stopped), a sender of much more than the
+    per-connection queue limit (64 MB) blocks instead of queueing it all."""
+    import os
+    import signal
+    import threading
+
+    chunk = torch.ones(16 << 20, dtype=torch.uint8)  # 16 MB
+    pid = job.procs[1].pid
+    os.kill(pid, signal.SIGSTOP)
+    resume = threading.Timer(1.5, os.kill, args=(pid, signal.SIGCONT))
+    try:
+        resume.start()
+        rss_before = _rss_bytes()
+        started = time.monotonic()
+        futs = [rpc.rpc_async("worker1", funcs.checksum, args=(chunk,), timeout=30) for _ in range(16)]
+        issued = time.monotonic() - started
+        grew = _rss_bytes() - rss_before
+    finally:
+        resume.join()
+        os.kill(pid, signal.SIGCONT)
+    assert issued >= 1.0, f"256 MB were queued in {issued:.2f} s while the reader was stopped"
+    assert grew < (128 << 20), f"the sender's memory grew by {grew >> 20} MB"
+    assert [f.wait() for f in futs] == [16 << 20] * 16
