@@ -3,6 +3,7 @@
 The API of ``torch.distributed.rpc``: switch with ``import torchrpc as rpc``.
 """
 
+from torchrpc import functions
 from torchrpc.api import (
     WorkerInfo,
     _debug_info,
@@ -36,6 +37,7 @@ __all__ = [
     "ShutdownError",
     "TensorPipeRpcBackendOptions",
     "WorkerInfo",
+    "functions",
     "get_worker_info",
     "init_rpc",
     "register",

@@ -140,7 +140,7 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
             )
         store, rank, world_size = rendezvous.open_store(options, rank, world_size)
         rdv = rendezvous.Rendezvous(store, rank, world_size)
-        agent = C.Agent(name, rank, world_size, options.num_worker_threads,
+        agent = C.Agent(name, rank, world_size, options.num_worker_threads, options.rpc_timeout,
                         rendezvous.listen_host(options.init_method), rendezvous.host_id())
         try:
             tcp, unix = agent.listen()
@@ -152,6 +152,7 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
             for fn, explicit in _explicit_names.items():
                 agent.register_script(explicit, fn)
             agent.start_serving()
+            agent.make_current()  # for the TorchScript ops (jit_ops/)
         except BaseException:
             agent.shutdown()
             raise
@@ -357,6 +358,9 @@ def _invoke(call_kind, to, func, args, kwargs, timeout):
     elif not isinstance(kwargs, dict):
         raise TypeError(f"{call_kind}(kwargs=...) expects a dict; got {type(kwargs).__name__}")
     agent = _state.agent
+    if isinstance(func, str):  # a TorchScript function by the name the callee knows
+        call = agent.named_call(dst.name, func, tuple(args), kwargs, seconds, call_kind)
+        return _Invocation(call, _identity)
     if isinstance(func, torch.jit.ScriptFunction):
         name, module = _script_name(func)
         call = agent.script_call(dst.id, name, module, func, tuple(args), kwargs, seconds, call_kind)
@@ -385,9 +389,12 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIMEO
 
     Args:
         to (str or int or WorkerInfo): the callee: name, rank or WorkerInfo.
-        func (callable): a ``@torch.jit.script`` function (runs without the GIL),
-            a builtin operator such as ``torch.add`` (runs without the GIL), or
-            any picklable Python callable (runs under the callee's GIL).
+        func (callable or str): a ``@torch.jit.script`` function (runs without
+            the GIL), a builtin operator such as ``torch.add`` (runs without the
+            GIL), any picklable Python callable (runs under the callee's GIL),
+            or the name of a TorchScript function the callee knows (given to
+            :func:`register` there, or its qualified name). Calls by name work
+            the same inside ``@torch.jit.script`` code.
         args (tuple): positional arguments (default none).
         kwargs (dict): keyword arguments (default none).
         timeout (float): seconds before RpcTimeoutError; ``0`` means no timeout,
@@ -428,6 +435,17 @@ def rpc_async(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIME
         tensor([4., 4.])
     """
     return _invoke("rpc_async", to, func, args, kwargs, timeout).future()
+
+
+def _scriptable(fn, op):
+    """Lets TorchScript compile calls of the eager function `fn` to `op`, so
+    that code calling torchrpc can be scripted unchanged."""
+    torch.jit._builtins._register_builtin(fn, op)
+    return fn
+
+
+_scriptable(rpc_sync, "torchrpc::rpc_sync")
+_scriptable(rpc_async, "torchrpc::rpc_async")
 
 
 def register(name, fn):

@@ -25,6 +25,8 @@ import types
 import cloudpickle
 import torch
 
+from torchrpc import functions
+
 #: Remote type reported when the callee does not know a function hash; the
 #: caller then sends the whole function.
 UNKNOWN_FUNCTION = "torchrpc._unknown_function"
@@ -221,6 +223,25 @@ def handle_call(payload, tensors, caller_rank):
         result = fn(*(args or ()), **(kwargs or {}))
     except BaseException as exc:  # everything the user code raises goes back
         return _error(exc, name)
+    if functions.is_async_execution(fn):
+        if not isinstance(result, torch._C.Future):
+            return _error(TypeError(
+                f"{name!r} is decorated with @torchrpc.functions.async_execution, so it must return a "
+                f"torch.futures.Future; it returned {type(result).__name__}"), name)
+        # The native bridge responds when this completes; no thread waits for it.
+        return ("async", result.then(lambda done: _outcome(done, name)))
+    return _encode_result(result, name)
+
+
+def _outcome(fut, name):
+    try:
+        result = fut.wait()
+    except BaseException as exc:
+        return _error(exc, name)
+    return _encode_result(result, name)
+
+
+def _encode_result(result, name):
     try:
         out, out_tensors = dumps(result)
     except BaseException as exc:

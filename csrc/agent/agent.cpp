@@ -80,6 +80,28 @@ void Agent::setHandler(MessageType type, Handler handler) {
   handlers_[static_cast<uint16_t>(type)] = std::move(handler);
 }
 
+namespace {
+std::mutex currentMutex;
+std::shared_ptr<Agent> currentAgent;
+}  // namespace
+
+std::shared_ptr<Agent> Agent::current() {
+  std::lock_guard<std::mutex> lock(currentMutex);
+  return currentAgent;
+}
+
+void Agent::setCurrent(std::shared_ptr<Agent> agent) {
+  std::lock_guard<std::mutex> lock(currentMutex);
+  currentAgent = std::move(agent);
+}
+
+int Agent::rankOf(const std::string& name) const {
+  for (const auto& p : peers_) {
+    if (p.name == name) return p.rank;
+  }
+  return -1;
+}
+
 void Agent::startServing() {
   loop_->defer([this] {
     serving_ = true;
@@ -370,6 +392,10 @@ size_t Agent::waitPending(double timeoutSeconds) {
 
 void Agent::shutdown() {
   if (stopped_.exchange(true)) return;
+  {
+    std::lock_guard<std::mutex> lock(currentMutex);
+    if (currentAgent.get() == this) currentAgent.reset();
+  }
   shuttingDown_.store(true);
   listener_->close();
   std::vector<std::shared_ptr<Connection>> conns;

@@ -43,6 +43,7 @@ struct AgentOptions {
   int rank{0};
   int worldSize{1};
   size_t numWorkerThreads{16};
+  double defaultTimeoutSeconds{60.0};   // calls that pass timeout -1 (TorchScript ops)
   std::string listenHost{"127.0.0.1"};  // TCP interface to listen on
   std::string hostId;                   // peers with the same id use Unix sockets
 };
@@ -87,7 +88,14 @@ class Agent {
   // Stops serving: GOODBYE to every peer, fails what is pending, joins threads.
   void shutdown();
 
+  // The agent of this process's init_rpc, for code that has no handle on it
+  // (the TorchScript ops); null when torchrpc is not initialised.
+  static std::shared_ptr<Agent> current();
+  static void setCurrent(std::shared_ptr<Agent> agent);
+
   const AgentOptions& options() const { return options_; }
+  // The rank of the worker named `name`, or -1.
+  int rankOf(const std::string& name) const;
   const PeerInfo& peer(int rank) const;
   script_dispatch::Registry& registry() { return registry_; }
   ThreadPool& pool() { return *pool_; }

@@ -14,6 +14,7 @@
 #include "agent/agent.h"
 #include "common/error.h"
 #include "common/spin.h"
+#include "jit_ops/rpc_ops.h"
 #include "message/wire.h"
 #include "python_fallback/callback_runner.h"
 #include "python_fallback/run_python.h"
@@ -85,6 +86,8 @@ template <typename F>
 Call translated(F&& send) {
   try {
     return send();
+  } catch (const c10::TypeError& e) {
+    throw py::type_error(e.what_without_backtrace());
   } catch (const c10::Error& e) {
     throw py::value_error(e.what_without_backtrace());
   }
@@ -108,18 +111,19 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<Agent, std::shared_ptr<Agent>>(m, "Agent")
       .def(py::init([](const std::string& name, int rank, int worldSize, size_t numThreads,
-                       const std::string& listenHost, const std::string& hostId) {
+                       double rpcTimeout, const std::string& listenHost, const std::string& hostId) {
              torchrpc::AgentOptions o;
              o.name = name;
              o.rank = rank;
              o.worldSize = worldSize;
              o.numWorkerThreads = numThreads;
+             o.defaultTimeoutSeconds = rpcTimeout;
              o.listenHost = listenHost;
              o.hostId = hostId;
              return std::make_shared<Agent>(o);
            }),
            py::arg("name"), py::arg("rank"), py::arg("world_size"), py::arg("num_worker_threads"),
-           py::arg("listen_host"), py::arg("host_id"))
+           py::arg("rpc_timeout"), py::arg("listen_host"), py::arg("host_id"))
       .def("listen", &Agent::listen)
       .def("set_peers",
            [](Agent& a, const std::vector<std::tuple<std::string, int, std::string, std::string, std::string>>& peers) {
@@ -143,10 +147,28 @@ PYBIND11_MODULE(_C, m) {
              auto f = py::cast<torch::jit::StrongFunctionPtr>(fn);
              auto stack = stackFor(f.function_->getSchema(), args, kwargs);
              return translated([&] {
-               return sendOrRaise(a, dst, torchrpc::script_dispatch::scriptCallMessage(name, moduleHint, std::move(stack)),
+               return sendOrRaise(a, dst, torchrpc::script_dispatch::scriptCallMessage(
+                                                         name, moduleHint, std::move(stack),
+                                                         c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get())),
                                   timeout, kind, name);
              });
            })
+      .def("named_call",
+           [](Agent& a, const std::string& to, const std::string& name, py::tuple args, py::dict kwargs,
+              double timeout, const std::string& kind) {
+             std::vector<c10::IValue> stack;
+             for (auto arg : args) stack.push_back(torch::jit::toIValue(arg, c10::AnyType::get()));
+             c10::impl::GenericDict kw(c10::StringType::get(), c10::AnyType::get());
+             for (auto item : kwargs) {
+               kw.insert(py::cast<std::string>(item.first), torch::jit::toIValue(item.second, c10::AnyType::get()));
+             }
+             return translated([&] {
+               py::gil_scoped_release nogil;
+               return Call{torchrpc::jit_ops::namedScriptCall(a, to, name, c10::ivalue::Tuple::create(std::move(stack)),
+                                                              std::move(kw), timeout, kind)};
+             });
+           })
+      .def("make_current", [](std::shared_ptr<Agent> a) { Agent::setCurrent(std::move(a)); })
       .def("builtin_call",
            [](Agent& a, int dst, const std::string& opName, py::tuple args, py::dict kwargs, double timeout,
               const std::string& kind) {

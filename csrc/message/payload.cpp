@@ -47,6 +47,12 @@ RemoteException describeException(std::exception_ptr error, std::string function
     r.type = cls;
     r.message = e.getOriginalMsg().value_or(e.what());
     r.traceback = e.what();
+  } catch (const c10::TypeError& e) {  // e.g. arguments that do not match a schema
+    r.type = "TypeError";
+    r.message = e.what_without_backtrace();
+  } catch (const c10::ValueError& e) {
+    r.type = "ValueError";
+    r.message = e.what_without_backtrace();
   } catch (const c10::Error& e) {
     r.type = "RuntimeError";
     r.message = e.what_without_backtrace();

@@ -1,6 +1,7 @@
 #include "python_fallback/run_python.h"
 
 #include <torch/csrc/jit/api/compilation_unit.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "message/payload.h"
@@ -32,13 +33,40 @@ std::shared_ptr<script_dispatch::Callee> calleeFromPython(const py::handle& scri
   return script_dispatch::scriptFunctionCallee(f.cu_, f.function_);
 }
 
+namespace {
+
+// The handler's ("ok", payload, tensors) or ("err", type, message, traceback,
+// function) as the response message. Needs the GIL.
+Message responseFrom(const py::handle& outcome, uint64_t id, const std::string& worker) {
+  py::tuple out = py::reinterpret_borrow<py::tuple>(outcome);
+  if (out[0].cast<std::string>() == "ok") {
+    Message response;
+    response.type = MessageType::kPythonRet;
+    response.id = id;
+    response.payload = out[1].cast<std::string>();
+    for (auto t : out[2]) response.tensors.push_back(py::cast<at::Tensor>(t));
+    return response;
+  }
+  return exceptionMessage(id, RemoteException{out[1].cast<std::string>(), out[2].cast<std::string>(),
+                                              out[3].cast<std::string>(), out[4].cast<std::string>(),
+                                              worker});
+}
+
+Message bridgeFailure(uint64_t id, const std::string& what, const std::string& worker) {
+  // The handler reports user errors as ("err", ...); this is a bridge bug.
+  return exceptionMessage(id, RemoteException{"RuntimeError", "torchrpc's Python handler failed: " + what,
+                                              "", "<python call>", worker});
+}
+
+}  // namespace
+
 void installPythonHandler(Agent& agent, py::object handler) {
   auto fn = sharedPyObject(std::move(handler));
   const std::string worker = agent.options().name;
   agent.setHandler(MessageType::kPythonCall, [fn, worker](Message&& request, int callerRank,
                                                           Agent::Responder respond) {
+    const uint64_t id = request.id;
     Message response;
-    response.id = request.id;
     {
       py::gil_scoped_acquire gil;
       try {
@@ -47,25 +75,28 @@ void installPythonHandler(Agent& agent, py::object handler) {
         auto view = py::memoryview::from_memory(request.payload.data(),
                                                 static_cast<py::ssize_t>(request.payload.size()));
         py::tuple out = (*fn)(view, tensors, callerRank);
-        if (out[0].cast<std::string>() == "ok") {
-          response.type = MessageType::kPythonRet;
-          response.payload = out[1].cast<std::string>();
-          for (auto t : out[2]) response.tensors.push_back(py::cast<at::Tensor>(t));
-        } else {
-          response = exceptionMessage(
-              request.id, RemoteException{out[1].cast<std::string>(), out[2].cast<std::string>(),
-                                          out[3].cast<std::string>(), out[4].cast<std::string>(),
-                                          worker});
+        if (out[0].cast<std::string>() == "async") {
+          // @async_execution: respond when the function's future completes
+          // (its value is already an outcome tuple); this thread is free now.
+          auto future = py::cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>(out[1])->fut;
+          future->addCallback([id, worker, respond](c10::ivalue::Future& done) {
+            Message late;
+            {
+              py::gil_scoped_acquire gil;
+              try {
+                late = done.hasError() ? bridgeFailure(id, done.tryRetrieveErrorMessage(), worker)
+                                       : responseFrom(torch::jit::toPyObject(done.value()), id, worker);
+              } catch (const std::exception& e) {
+                late = bridgeFailure(id, e.what(), worker);
+              }
+            }
+            respond(std::move(late));
+          });
+          return;
         }
-      } catch (py::error_already_set& e) {
-        // The handler reports user errors as ("err", ...); this is a bridge bug.
-        response = exceptionMessage(
-            request.id, RemoteException{"RuntimeError", std::string("torchrpc's Python handler failed: ") +
-                                                            e.what(),
-                                        "", "<python call>", worker});
+        response = responseFrom(out, id, worker);
       } catch (const std::exception& e) {
-        response = exceptionMessage(
-            request.id, RemoteException{"RuntimeError", e.what(), "", "<python call>", worker});
+        response = bridgeFailure(id, e.what(), worker);
       }
     }
     respond(std::move(response));

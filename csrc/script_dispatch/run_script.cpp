@@ -24,6 +24,43 @@ c10::IValue resultOf(torch::jit::Stack& stack, size_t numReturns) {
   return c10::ivalue::Tuple::create(std::move(out));
 }
 
+// Matches positional and keyword arguments to the schema, filling defaults;
+// a mismatch is the caller's mistake: a TypeError naming function and argument.
+void normalizeInputs(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
+                     const c10::impl::GenericDict& kwargs, const std::string& function,
+                     const std::string& worker) {
+  std::unordered_map<std::string, c10::IValue> named;
+  for (const auto& item : kwargs) named.emplace(item.key().toStringRef(), item.value());
+  try {
+    schema.checkAndNormalizeInputs(stack, named);
+  } catch (const c10::Error& e) {
+    C10_THROW_ERROR(TypeError, "calling '" + function + "' (schema " + c10::toString(schema) +
+                                   ") on " + worker + ": " + e.what_without_backtrace());
+  }
+}
+
+// Responds with the future's value once it completes. A function that
+// returns a Future (async execution) is answered when that one completes.
+void respondWhenDone(c10::intrusive_ptr<c10::ivalue::Future> future, uint64_t id, std::string function,
+                     std::string worker, std::function<void(Message&&)> respond) {
+  future->addCallback([id, function, worker, respond](c10::ivalue::Future& f) {
+    std::exception_ptr error = f.hasError() ? f.exception_ptr() : nullptr;
+    if (!error) {
+      try {
+        if (f.value().isFuture()) {
+          respondWhenDone(f.value().toFuture(), id, function, worker, respond);
+          return;
+        }
+        respond(ivalueMessage(MessageType::kScriptRet, id, f.value()));
+        return;
+      } catch (...) {
+        error = std::current_exception();  // e.g. a result that cannot be pickled
+      }
+    }
+    respond(exceptionMessage(id, describeException(error, function, worker)));
+  });
+}
+
 void runBuiltin(uint64_t id, const std::string& name, torch::jit::Stack stack,
                 Registry& registry, const std::string& worker,
                 const std::function<void(Message&&)>& respond) {
@@ -36,7 +73,8 @@ void runBuiltin(uint64_t id, const std::string& name, torch::jit::Stack stack,
                             "", name, worker}));
     return;
   }
-  op->schema().checkAndNormalizeInputs(stack);
+  normalizeInputs(op->schema(), stack, c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()),
+                  name, worker);
   op->getOperation()(stack);
   respond(ivalueMessage(MessageType::kScriptRet, id, resultOf(stack, op->schema().returns().size())));
 }
@@ -44,9 +82,10 @@ void runBuiltin(uint64_t id, const std::string& name, torch::jit::Stack stack,
 }  // namespace
 
 Message scriptCallMessage(const std::string& name, const std::string& moduleHint,
-                          std::vector<c10::IValue> stack) {
+                          std::vector<c10::IValue> stack, c10::impl::GenericDict kwargs) {
   return ivalueMessage(MessageType::kScriptCall, 0,
-                       c10::ivalue::Tuple::create({name, moduleHint, tupleOf(std::move(stack))}));
+                       c10::ivalue::Tuple::create({name, moduleHint, tupleOf(std::move(stack)),
+                                                   std::move(kwargs)}));
 }
 
 Message builtinCallMessage(const std::string& schemaName, std::vector<c10::IValue> stack) {
@@ -80,20 +119,8 @@ void run(Message&& request, Registry& registry, const TaskLauncher& launcher,
       return;
     }
     torch::jit::Stack stack = stackOf(el[2]);
-    callee->schema().checkAndNormalizeInputs(stack);
-    auto future = callee->runAsync(stack, launcher);
-    future->addCallback([id, function, worker, respond](c10::ivalue::Future& f) {
-      std::exception_ptr error = f.hasError() ? f.exception_ptr() : nullptr;
-      if (!error) {
-        try {
-          respond(ivalueMessage(MessageType::kScriptRet, id, f.value()));
-          return;
-        } catch (...) {
-          error = std::current_exception();  // e.g. a result that cannot be pickled
-        }
-      }
-      respond(exceptionMessage(id, describeException(error, function, worker)));
-    });
+    normalizeInputs(callee->schema(), stack, el.at(3).toGenericDict(), function, worker);
+    respondWhenDone(callee->runAsync(stack, launcher), id, function, worker, std::move(respond));
   } catch (...) {
     respond(exceptionMessage(id, describeException(std::current_exception(), function, worker)));
   }

@@ -3,13 +3,16 @@
 // Script and builtin calls: their wire format and how the callee runs them.
 // Everything here is C++ only and never takes the GIL.
 //
-//   SCRIPT_CALL  payload = (name: str, module_hint: str, args: tuple)
+//   SCRIPT_CALL  payload = (name: str, module_hint: str, args: tuple, kwargs: Dict[str, Any])
 //   BUILTIN_CALL payload = (schema_name: str, args: tuple)   e.g. "aten::add.Tensor"
 //   response     SCRIPT_RET (the result IValue) or EXCEPTION
 //
-// Arguments arrive already matched to the schema by the caller (full stack,
-// defaults filled in); the callee checks them again, so a wrong or stale
-// caller gets an error naming the function and the argument, never a crash.
+// A caller that holds the function (Python passing a ScriptFunction) matches
+// the arguments to its schema itself and sends no kwargs; a caller that only
+// names it (the TorchScript ops, eager calls by name) sends args and kwargs
+// as given. Either way the callee checks them against the schema and fills in
+// defaults, so a wrong or stale caller gets a TypeError naming the function
+// and the argument, never a crash.
 
 #include <functional>
 #include <string>
@@ -23,7 +26,7 @@
 namespace torchrpc::script_dispatch {
 
 Message scriptCallMessage(const std::string& name, const std::string& moduleHint,
-                          std::vector<c10::IValue> stack);
+                          std::vector<c10::IValue> stack, c10::impl::GenericDict kwargs);
 Message builtinCallMessage(const std::string& schemaName, std::vector<c10::IValue> stack);
 
 // Runs a SCRIPT_CALL or BUILTIN_CALL. `respond` is called exactly once, with

@@ -146,34 +146,33 @@ class Cluster:
         return [r for r, p in self.procs.items() if p.poll() is None]
 
     def stop(self, timeout=30):
-        """Graceful shutdown of the whole job; raises, with the workers' logs,
-        if a worker did not exit cleanly."""
+        """Shuts the job down, gracefully unless a test killed a worker, and
+        raises with the workers' logs if one did not exit cleanly."""
         from tests.multiprocess import funcs
 
         alive = self.alive()
-        dead = sorted(set(self.procs) - set(alive))
+        graceful = len(alive) == len(self.procs)
+        problems = []
         try:
-            if dead:  # a test killed a worker: the job cannot shut down gracefully
-                for rank in alive:
-                    rpc.rpc_sync(rank, funcs.stop_worker, args=(False,), timeout=10)
-                rpc.shutdown(graceful=False)
-            else:
-                for rank in alive:
-                    rpc.rpc_sync(rank, funcs.stop_worker, args=(True,), timeout=10)
-                rpc.shutdown(graceful=True, timeout=timeout)
+            for rank in alive:
+                try:
+                    rpc.rpc_sync(rank, funcs.stop_worker, args=(graceful,), timeout=10)
+                except Exception as exc:
+                    problems.append(f"worker{rank} did not take the stop request: {exc}")
+            rpc.shutdown(graceful=graceful and not problems, timeout=timeout)
         finally:
-            failed = []
             for rank in alive:
                 try:
                     code = self.procs[rank].wait(timeout=timeout)
                 except subprocess.TimeoutExpired:
                     self.dump_stacks()
                     self.procs[rank].kill()
-                    code = "hung"
+                    self.procs[rank].wait(timeout=10)
+                    code = "nothing (it hung and was killed)"
                 if code != 0:
-                    failed.append(f"worker{rank} exited with {code}:\n{self.log(rank)}")
-            if failed:
-                raise AssertionError("\n".join(failed))
+                    problems.append(f"worker{rank} exited with {code}:\n{self.log(rank)}")
+            if problems:
+                raise AssertionError("\n".join(problems))
 
     def dump_stacks(self):
         """Prints every thread's stack of every rank to stderr."""

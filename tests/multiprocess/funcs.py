@@ -6,7 +6,7 @@ import os
 import queue
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -63,6 +63,56 @@ def triple(x: torch.Tensor) -> torch.Tensor:
 
 
 rpc.register("tests.triple", triple)
+rpc.register("tests.add", add)
+
+
+@torch.jit.script
+def add_with_default(a: torch.Tensor, b: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    return (a + b) * scale
+
+
+rpc.register("tests.add_with_default", add_with_default)
+
+
+# ---- TorchScript callers (RPC from inside TorchScript) -------------------------
+
+
+@torch.jit.script
+def script_calls_async(to: str, x: torch.Tensor) -> torch.Tensor:
+    fut = rpc.rpc_async(to, "tests.add", args=(x, x))
+    out = fut.wait()
+    assert isinstance(out, torch.Tensor)
+    return out
+
+
+@torch.jit.script
+def script_calls_sync(to: str, x: torch.Tensor, scale: float) -> torch.Tensor:
+    out = rpc.rpc_sync(to, "tests.add_with_default", args=(x, x), kwargs={"scale": scale})
+    assert isinstance(out, torch.Tensor)
+    return out
+
+
+@torch.jit.script
+def script_fans_out(peers: List[str], x: torch.Tensor) -> torch.Tensor:
+    futs = [rpc.rpc_async(p, "tests.triple", args=(x,)) for p in peers]
+    total = torch.zeros_like(x)
+    for fut in futs:
+        out = torch.jit.wait(fut)
+        assert isinstance(out, torch.Tensor)
+        total = total + out
+    return total
+
+
+@torch.jit.script
+def script_nested(me: str, other: str, x: torch.Tensor) -> torch.Tensor:
+    """Runs on `me`; calls `other`, which calls `me` back: with one pool
+    thread per worker this completes only if waiting frees the thread."""
+    out = rpc.rpc_async(other, "tests.script_calls_async", args=(me, x)).wait()
+    assert isinstance(out, torch.Tensor)
+    return out + 1
+
+
+rpc.register("tests.script_calls_async", script_calls_async)
 
 
 # ---- Python callees (run under the GIL) -------------------------------------
@@ -196,3 +246,68 @@ def stop_worker_later(delay, call_back_to):
         _main_tasks.put(True)
 
     _main_tasks.put(later)
+
+
+# ---- @async_execution callees ------------------------------------------------
+
+
+@rpc.functions.async_execution
+def async_add_chained(to, x, y, z):
+    return rpc.rpc_async(to, torch.add, args=(x, y)).then(lambda fut: fut.wait() + z)
+
+
+@rpc.functions.async_execution
+def async_returns_a_value():
+    return 42  # not a Future: the caller gets a TypeError naming the function
+
+
+@rpc.functions.async_execution
+@torch.jit.script
+def async_script_add(to: str, x: torch.Tensor, y: torch.Tensor) -> torch.jit.Future[Any]:
+    return rpc.rpc_async(to, "tests.add", args=(x, y))
+
+
+class AsyncMath:
+    def __init__(self, z):
+        self.z = z
+
+    @staticmethod
+    @rpc.functions.async_execution
+    def static_async_add(to, x, y, z):
+        return rpc.rpc_async(to, torch.add, args=(x, y)).then(lambda fut: fut.wait() + z)
+
+    @classmethod
+    @rpc.functions.async_execution
+    def class_async_add(cls, to, x, y, z):
+        ret = torch.futures.Future()
+        rpc.rpc_async(to, torch.add, args=(x, y)).then(lambda fut: ret.set_result(fut.wait() + z))
+        return ret
+
+    @rpc.functions.async_execution
+    def bound_async_add(self, to, x, y):
+        return rpc.rpc_async(to, torch.add, args=(x, y)).then(lambda fut: fut.wait() + self.z)
+
+
+# ---- TorchScript deployment ------------------------------------------------------
+
+
+class Shards(torch.nn.Module):
+    """Sums what each shard worker returns for x: a module whose forward calls
+    torchrpc, to be scripted, saved and loaded elsewhere."""
+
+    def __init__(self, shards: List[str]):
+        super().__init__()
+        self.shards = shards
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        futs = [rpc.rpc_async(s, "tests.triple", args=(x,)) for s in self.shards]
+        total = torch.zeros_like(x)
+        for fut in futs:
+            out = fut.wait()
+            assert isinstance(out, torch.Tensor)
+            total = total + out
+        return total
+
+
+def load_and_run(path, x):
+    return torch.jit.load(path)(x)

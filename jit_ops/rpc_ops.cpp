@@ -1,0 +1,101 @@
+#include "jit_ops/rpc_ops.h"
+
+#include <torch/library.h>
+
+#include "common/error.h"
+#include "script_dispatch/run_script.h"
+
+namespace torchrpc::jit_ops {
+
+namespace {
+
+std::shared_ptr<Agent> requireAgent(const char* op) {
+  auto agent = Agent::current();
+  if (!agent) {
+    throw RpcError(ErrorKind::kGeneric,
+                   std::string("torchrpc.") + op +
+                       ": torchrpc is not initialized in this process; call "
+                       "torchrpc.init_rpc(...) first");
+  }
+  return agent;
+}
+
+// Timeouts follow the Python API: -1 is the worker's default, 0 none.
+double resolveTimeout(const Agent& agent, double timeout) {
+  return timeout < 0 ? agent.options().defaultTimeoutSeconds : timeout;
+}
+
+// Boxed kernels: the schema's types (Any, Future(Any)) have no unboxed C++
+// signature. Both pop (to, qualified_name, args, kwargs, timeout).
+Agent::FuturePtr callFromStack(torch::jit::Stack* stack, const char* op) {
+  auto agent = requireAgent(op);
+  double timeout = resolveTimeout(*agent, stack->back().toDouble());
+  c10::IValue kwargs = (*stack)[stack->size() - 2];
+  c10::IValue args = (*stack)[stack->size() - 3];
+  std::string name = (*stack)[stack->size() - 4].toStringRef();
+  std::string to = (*stack)[stack->size() - 5].toStringRef();
+  torch::jit::drop(*stack, 5);
+  return namedScriptCall(*agent, to, name, args, kwargs, timeout, op);
+}
+
+void rpcAsync(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  stack->emplace_back(callFromStack(stack, "rpc_async"));
+}
+
+void rpcSync(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  auto future = callFromStack(stack, "rpc_sync");
+  future->wait();  // the agent's deadline completes it; no separate timer
+  stack->emplace_back(future->value());  // rethrows the call's error
+}
+
+}  // namespace
+
+Agent::FuturePtr namedScriptCall(Agent& agent, const std::string& to, const std::string& name,
+                                 const c10::IValue& args, const c10::IValue& kwargs, double timeout,
+                                 const std::string& callKind) {
+  int dst = agent.rankOf(to);
+  if (dst < 0) {
+    C10_THROW_ERROR(ValueError, callKind + " to '" + to + "' calling '" + name +
+                                    "': no worker of this job is named '" + to + "'");
+  }
+  std::vector<c10::IValue> stack;
+  if (args.isTuple()) {
+    const auto& el = args.toTupleRef().elements();
+    stack.assign(el.begin(), el.end());
+  } else if (args.isList()) {
+    auto list = args.toList();
+    stack.assign(list.begin(), list.end());
+  } else if (!args.isNone()) {
+    C10_THROW_ERROR(TypeError, callKind + " of '" + name + "': args must be a tuple, got " +
+                                   args.type()->repr_str());
+  }
+  c10::impl::GenericDict kw(c10::StringType::get(), c10::AnyType::get());
+  if (kwargs.isGenericDict()) {
+    for (const auto& item : kwargs.toGenericDict()) {
+      if (!item.key().isString()) {
+        C10_THROW_ERROR(TypeError, callKind + " of '" + name + "': kwargs keys must be str");
+      }
+      kw.insert(item.key(), item.value());
+    }
+  } else if (!kwargs.isNone()) {
+    C10_THROW_ERROR(TypeError, callKind + " of '" + name + "': kwargs must be a dict, got " +
+                                   kwargs.type()->repr_str());
+  }
+  return agent.send(dst, script_dispatch::scriptCallMessage(name, "", std::move(stack), std::move(kw)),
+                    timeout, callKind, name);
+}
+
+TORCH_LIBRARY(torchrpc, m) {
+  m.def(torch::schema(
+            "torchrpc::rpc_async(str to, str qualified_name, Any? args=None, Any? kwargs=None, "
+            "float timeout=-1.) -> Future(Any)",
+            c10::AliasAnalysisKind::CONSERVATIVE),
+        torch::CppFunction::makeFromBoxedFunction<rpcAsync>());
+  m.def(torch::schema(
+            "torchrpc::rpc_sync(str to, str qualified_name, Any? args=None, Any? kwargs=None, "
+            "float timeout=-1.) -> Any",
+            c10::AliasAnalysisKind::CONSERVATIVE),
+        torch::CppFunction::makeFromBoxedFunction<rpcSync>());
+}
+
+}  // namespace torchrpc::jit_ops

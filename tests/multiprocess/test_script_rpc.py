@@ -1,0 +1,174 @@
+"""RPC from inside TorchScript (the torchrpc::rpc_async / rpc_sync ops),
+calls by name, @async_execution, and TorchScript deployment (save, load in
+another process). Every worker has ONE pool thread: nested calls must not
+deadlock, because waiting suspends the interpreter and frees the thread."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torchrpc as rpc
+from tests.multiprocess import funcs
+from tests.multiprocess.cluster import ROOT, Cluster
+
+
+@pytest.fixture(scope="module", autouse=True)
+def job():
+    with Cluster(3, threads=1) as c:
+        yield c
+
+
+X = torch.arange(3.0)
+
+
+# ---- calls by name, eager ----------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["rpc_sync", "rpc_async"])
+def test_eager_call_by_registered_name(kind):
+    out = getattr(rpc, kind)("worker1", "tests.add", args=(X, X))
+    assert torch.equal(out if kind == "rpc_sync" else out.wait(), X + X)
+
+
+def test_call_by_name_fills_defaults_and_kwargs():
+    assert torch.equal(rpc.rpc_sync("worker1", "tests.add_with_default", args=(X, X)), X + X)
+    assert torch.equal(rpc.rpc_sync("worker1", "tests.add_with_default", args=(X,), kwargs={"b": X, "scale": 3.0}),
+                       (X + X) * 3)
+
+
+def test_call_by_qualified_name():
+    assert torch.equal(rpc.rpc_sync("worker2", funcs.triple.qualified_name, args=(X,)), X * 3)
+
+
+def test_schema_mismatch_names_callee_argument_and_types():
+    with pytest.raises(TypeError) as info:
+        rpc.rpc_sync("worker1", "tests.add", args=(X, "text"))
+    text = str(info.value)
+    assert "'tests.add'" in text and "argument 'b'" in text and "Tensor" in text and "str" in text
+    assert "worker1" in text
+    with pytest.raises(TypeError, match="argument 'b'"):
+        rpc.rpc_sync("worker1", "tests.add", args=(X,))
+
+
+def test_unknown_name_says_how_to_fix():
+    with pytest.raises(RuntimeError, match="no TorchScript function named 'tests.nope'.*torchrpc.register"):
+        rpc.rpc_sync("worker1", "tests.nope", args=(X,))
+
+
+# ---- the ops, from scripted code ---------------------------------------------------
+
+def test_scripted_rpc_async_and_rpc_sync_run_here():
+    assert torch.equal(funcs.script_calls_async("worker1", X), X + X)
+    assert torch.equal(funcs.script_calls_sync("worker2", X, 2.0), (X + X) * 2)
+    assert torch.equal(funcs.script_calls_async("worker0", X), X + X)  # to oneself
+
+
+def test_scripted_fan_out_and_torch_jit_wait():
+    assert torch.equal(funcs.script_fans_out(["worker1", "worker2", "worker0"], X), X * 9)
+
+
+def test_scripted_caller_running_as_a_remote_callee():
+    assert torch.equal(rpc.rpc_sync("worker1", funcs.script_calls_async, args=("worker2", X)), X + X)
+    assert torch.equal(rpc.rpc_sync("worker2", "tests.script_calls_async", args=("worker1", X)), X + X)
+
+
+def test_nested_calls_on_one_thread_per_worker_do_not_deadlock():
+    # worker1 (1 thread) -> worker2 (1 thread) -> worker1 again, all waiting
+    out = rpc.rpc_sync("worker1", funcs.script_nested, args=("worker1", "worker2", X), timeout=20)
+    assert torch.equal(out, X + X + 1)
+    futs = [rpc.rpc_async("worker1", funcs.script_nested, args=("worker1", "worker2", X), timeout=20)
+            for _ in range(8)]
+    assert all(torch.equal(f.wait(), X + X + 1) for f in futs)
+
+
+def test_errors_inside_scripted_callers():
+    with pytest.raises(Exception, match="(?s)TypeError: calling 'tests.add'.*argument 'b'.*worker1"):
+        torch.jit.script(_bad_call)("worker1", X)
+    with pytest.raises(Exception, match="no worker of this job is named 'nobody'"):
+        funcs.script_calls_async("nobody", X)
+
+
+def _bad_call(to: str, x: torch.Tensor) -> torch.Tensor:
+    out = rpc.rpc_sync(to, "tests.add", args=(x, "oops"))
+    assert isinstance(out, torch.Tensor)
+    return out
+
+
+# ---- @async_execution ----------------------------------------------------------------
+
+def test_async_execution_python_function():
+    # worker1 has one thread: the function returns its future and frees it,
+    # so the call it makes to itself can run.
+    out = rpc.rpc_sync("worker1", funcs.async_add_chained, args=("worker1", X, X, 1), timeout=20)
+    assert torch.equal(out, X + X + 1)
+    fut = rpc.rpc_async("worker2", funcs.async_add_chained, args=("worker1", X, X, 2), timeout=20)
+    assert torch.equal(fut.wait(), X + X + 2)
+
+
+def test_async_execution_script_function():
+    out = rpc.rpc_sync("worker1", funcs.async_script_add, args=("worker2", X, X), timeout=20)
+    assert torch.equal(out, X + X)
+    out = rpc.rpc_sync("worker1", funcs.async_script_add, args=("worker1", X, X), timeout=20)  # itself, 1 thread
+    assert torch.equal(out, X + X)
+
+
+@pytest.mark.parametrize("method", ["static", "class", "bound"])
+def test_async_execution_static_class_and_bound_methods(method):
+    fn = {"static": funcs.AsyncMath.static_async_add, "class": funcs.AsyncMath.class_async_add,
+          "bound": lambda to, x, y, z: None}[method]
+    if method == "bound":
+        fn, args = funcs.AsyncMath(5).bound_async_add, ("worker1", X, X)
+    else:
+        args = ("worker1", X, X, 5)
+    assert torch.equal(rpc.rpc_sync("worker1", fn, args=args, timeout=20), X + X + 5)
+
+
+def test_async_execution_must_return_a_future():
+    with pytest.raises(TypeError, match="async_returns_a_value.*must return a torch.futures.Future"):
+        rpc.rpc_sync("worker1", funcs.async_returns_a_value)
+
+
+def test_async_execution_error_in_the_future_reaches_the_caller():
+    with pytest.raises(RuntimeError, match="worker1"):
+        rpc.rpc_sync("worker1", funcs.async_add_chained, args=("worker2", X, torch.ones(2), 1), timeout=20)
+
+
+def test_async_execution_rejects_a_script_function_without_future():
+    with pytest.raises(TypeError, match="must return a Future"):
+        rpc.functions.async_execution(funcs.add)
+
+
+# ---- deployment ---------------------------------------------------------------------
+
+def test_saved_module_runs_after_load_on_another_worker(tmp_path):
+    module = torch.jit.script(funcs.Shards(["worker1", "worker0"]))
+    assert torch.equal(module(X), X * 6)
+    path = str(tmp_path / "shards.pt")
+    module.save(path)
+    # worker2 loads it and runs it (from Python, so it blocks worker2's only
+    # thread meanwhile: its shards are other workers)
+    assert torch.equal(rpc.rpc_sync("worker2", funcs.load_and_run, args=(path, X), timeout=20), X * 6)
+
+
+def test_saved_module_loads_in_a_fresh_process(tmp_path):
+    path = str(tmp_path / "shards.pt")
+    torch.jit.script(funcs.Shards(["worker1"])).save(path)
+    code = (
+        "import sys, torch\n"
+        "import torchrpc\n"
+        "m = torch.jit.load(sys.argv[1])\n"
+        "try:\n"
+        "    m(torch.ones(1))\n"
+        "except Exception as e:\n"
+        "    print('CALL FAILED:', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=120,
+                         cwd=str(tmp_path), env=dict(os.environ, PYTHONPATH=ROOT))
+    assert out.returncode == 0, out.stderr
+    # loading worked; the call needs init_rpc, and says so
+    assert "torchrpc is not initialized in this process" in out.stdout
+    without = subprocess.run([sys.executable, "-c", "import sys, torch; torch.jit.load(sys.argv[1])", path],
+                             capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    assert without.returncode != 0 and "torchrpc::rpc_async" in without.stderr

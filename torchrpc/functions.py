@@ -1,0 +1,49 @@
+"""``torchrpc.functions.async_execution``: callees that return a Future.
+
+A function decorated with :func:`async_execution` returns a
+``torch.futures.Future`` instead of its result; the callee sends the
+response when that future completes, and the thread that ran the function is
+free meanwhile. Use it for functions that wait for other calls or for a batch
+to fill up::
+
+    @torchrpc.functions.async_execution
+    def add_then_scale(to, x, y, z):
+        return torchrpc.rpc_async(to, torch.add, args=(x, y)).then(
+            lambda fut: fut.wait() * z)
+
+    torchrpc.rpc_sync("worker1", add_then_scale, args=("worker2", x, y, 3))
+
+- With ``@staticmethod`` / ``@classmethod``, put ``@async_execution`` innermost
+  (closest to the function). Bound methods keep the mark.
+- A ``@torch.jit.script`` function that returns ``Future[T]`` is asynchronous
+  by its type: the callee chains its future without the GIL, with or without
+  this decorator (put the decorator outermost if you use it).
+"""
+
+import functools
+
+import torch
+
+_MARK = "_torchrpc_async_execution"
+
+
+def async_execution(fn):
+    """Marks `fn` as returning a ``torch.futures.Future`` of its result."""
+    if isinstance(fn, torch.jit.ScriptFunction):
+        if not fn.schema.returns or "Future" not in str(fn.schema.returns[0].type):
+            raise TypeError(
+                f"@async_execution on TorchScript function {fn.qualified_name!r}: it must return "
+                f"a Future[...], but returns {fn.schema.returns[0].type if fn.schema.returns else 'nothing'}"
+            )
+        return fn  # its return type already says so; the callee chains it in C++
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    setattr(wrapper, _MARK, True)
+    return wrapper
+
+
+def is_async_execution(fn):
+    return getattr(fn, _MARK, False)
