@@ -21,6 +21,7 @@ from torchrpc.errors import (
     RpcError,
     RpcTimeoutError,
     ShutdownError,
+    UnknownFunctionError,
 )
 from torchrpc.options import RpcOptions
 
@@ -36,6 +37,7 @@ __all__ = [
     "RpcTimeoutError",
     "ShutdownError",
     "TensorPipeRpcBackendOptions",
+    "UnknownFunctionError",
     "WorkerInfo",
     "functions",
     "get_worker_info",

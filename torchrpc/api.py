@@ -30,7 +30,7 @@ import threading
 
 import torch
 
-from torchrpc import constants, errors, python_fallback, rendezvous
+from torchrpc import constants, errors, python_fallback, rendezvous, shipped_code
 from torchrpc._extension import native
 from torchrpc.options import RpcOptions
 
@@ -211,6 +211,7 @@ def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):
         state.agent.shutdown()
         state.callbacks.stop()  # runs the completions of the calls shutdown failed
         python_fallback.forget_sent()
+        shipped_code.forget()
     if failure is not None:
         raise failure
 
@@ -293,7 +294,8 @@ def _script_name(func):
 
 class _Invocation:
     """One call in flight: the native Call, how to decode its value, and how
-    to resend it (a Python call whose function the callee does not cache)."""
+    to resend it with the function itself when the callee does not know it
+    (a Python function it has not cached, a TorchScript function it lacks)."""
 
     __slots__ = ("call", "decode", "resend")
 
@@ -304,7 +306,7 @@ class _Invocation:
 
     def _outcome(self):
         ok, value = self.call.result()
-        if not ok and self.resend is not None and value[2] == python_fallback.UNKNOWN_FUNCTION:
+        if not ok and self.resend is not None and value[2] == errors.UnknownFunctionError.REMOTE_TYPE:
             return None, self.resend()
         if not ok:
             raise errors.from_native(value)
@@ -363,8 +365,14 @@ def _invoke(call_kind, to, func, args, kwargs, timeout):
         return _Invocation(call, _identity)
     if isinstance(func, torch.jit.ScriptFunction):
         name, module = _script_name(func)
-        call = agent.script_call(dst.id, name, module, func, tuple(args), kwargs, seconds, call_kind)
-        return _Invocation(call, _identity)
+
+        def send_script(shipped):
+            call = agent.script_call(dst.id, name, module, func, tuple(args), kwargs, seconds, call_kind, shipped)
+            with_code = shipped is not None and shipped[2] is not None
+            return _Invocation(call, _identity,
+                               None if with_code else lambda: send_script(shipped_code.with_code(func, dst.id)))
+
+        return send_script(shipped_code.reference(func, dst.id))
     builtin = _builtin_name(func) if callable(func) else None
     if builtin is not None:
         call = agent.builtin_call(dst.id, builtin, tuple(args), kwargs, seconds, call_kind)
@@ -487,4 +495,5 @@ def _debug_info():
         "pending_requests": _state.agent.pending_count(),
         "connections": _state.agent.connection_count(),
         "addresses": _state.addresses,
+        "script_functions": sorted(_state.agent.script_names()),
     }

@@ -36,6 +36,16 @@ class RemoteError(RpcError):
         self.remote_traceback = remote_traceback
 
 
+class UnknownFunctionError(RpcError, LookupError):
+    """The callee has no function by the name (or hash) the call gave.
+
+    A caller that passes the function object itself never sees it: torchrpc
+    then sends the function (pickled, or as TorchScript code) and retries.
+    """
+
+    REMOTE_TYPE = "torchrpc.errors.UnknownFunctionError"  # as callees report it
+
+
 class NotInitializedError(RpcError):
     """A torchrpc function was used before init_rpc() or after shutdown()."""
 

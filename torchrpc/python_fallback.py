@@ -25,11 +25,8 @@ import types
 import cloudpickle
 import torch
 
-from torchrpc import functions
+from torchrpc import errors, functions
 
-#: Remote type reported when the callee does not know a function hash; the
-#: caller then sends the whole function.
-UNKNOWN_FUNCTION = "torchrpc._unknown_function"
 
 _lock = threading.Lock()
 _by_reference_cache = {}  # function -> (hash, bytes)
@@ -77,7 +74,10 @@ class _Unpickler(pickle.Unpickler):
 
     def persistent_load(self, pid):
         if pid[0] == "script":
-            fn = resolve_script(pid[1], pid[2])
+            try:
+                fn = resolve_script(pid[1], pid[2])
+            except ImportError:
+                fn = None
             if fn is None:
                 raise pickle.UnpicklingError(
                     f"no TorchScript function named {pid[1]!r} here; import {pid[2] or 'its module'} "
@@ -217,7 +217,7 @@ def handle_call(payload, tensors, caller_rank):
             with _lock:
                 fn = _received.get(digest)
             if fn is None:
-                return ("err", UNKNOWN_FUNCTION, f"function {name!r} is not cached here", "", name)
+                return ("err", errors.UnknownFunctionError.REMOTE_TYPE, f"function {name!r} is not cached here", "", name)
             if isinstance(fn, bytes):
                 fn = cloudpickle.loads(fn)
         result = fn(*(args or ()), **(kwargs or {}))

@@ -143,13 +143,15 @@ PYBIND11_MODULE(_C, m) {
            })
       .def("script_call",
            [](Agent& a, int dst, const std::string& name, const std::string& moduleHint, py::handle fn,
-              py::tuple args, py::dict kwargs, double timeout, const std::string& kind) {
+              py::tuple args, py::dict kwargs, double timeout, const std::string& kind, py::object shipped) {
              auto f = py::cast<torch::jit::StrongFunctionPtr>(fn);
              auto stack = stackFor(f.function_->getSchema(), args, kwargs);
+             c10::IValue code = shipped.is_none() ? c10::IValue() : torch::jit::toIValue(shipped, c10::AnyType::get());
              return translated([&] {
                return sendOrRaise(a, dst, torchrpc::script_dispatch::scriptCallMessage(
                                                          name, moduleHint, std::move(stack),
-                                                         c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get())),
+                                                         c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()),
+                                                         std::move(code)),
                                   timeout, kind, name);
              });
            })

@@ -46,7 +46,8 @@ std::vector<std::string> Registry::names() const {
   return out;
 }
 
-std::shared_ptr<Callee> Registry::find(const std::string& name, const std::string& moduleHint) {
+std::shared_ptr<Callee> Registry::find(const std::string& name, const std::string& moduleHint,
+                                       bool resolve) {
   Resolver resolver;
   {
     std::shared_lock<std::shared_mutex> lock(mutex_);
@@ -54,7 +55,7 @@ std::shared_ptr<Callee> Registry::find(const std::string& name, const std::strin
     if (it != callees_.end()) return it->second;
     resolver = resolver_;
   }
-  if (!resolver) return nullptr;
+  if (!resolve || !resolver) return nullptr;
   std::lock_guard<std::mutex> once(resolveMutex_);
   {
     std::shared_lock<std::shared_mutex> lock(mutex_);

@@ -30,7 +30,9 @@ class Registry {
                                                          const std::string& moduleHint)>;
 
   void add(const std::string& name, std::shared_ptr<Callee> callee);
-  std::shared_ptr<Callee> find(const std::string& name, const std::string& moduleHint);
+  // With resolve=false, only what was added or resolved before.
+  std::shared_ptr<Callee> find(const std::string& name, const std::string& moduleHint,
+                               bool resolve = true);
   void setResolver(Resolver resolver);
   std::vector<std::string> names() const;
 

@@ -3,6 +3,7 @@
 #include <torch/csrc/jit/runtime/operator.h>
 
 #include "message/payload.h"
+#include "script_dispatch/shipped_code.h"
 
 namespace torchrpc::script_dispatch {
 
@@ -82,10 +83,11 @@ void runBuiltin(uint64_t id, const std::string& name, torch::jit::Stack stack,
 }  // namespace
 
 Message scriptCallMessage(const std::string& name, const std::string& moduleHint,
-                          std::vector<c10::IValue> stack, c10::impl::GenericDict kwargs) {
+                          std::vector<c10::IValue> stack, c10::impl::GenericDict kwargs,
+                          c10::IValue shipped) {
   return ivalueMessage(MessageType::kScriptCall, 0,
                        c10::ivalue::Tuple::create({name, moduleHint, tupleOf(std::move(stack)),
-                                                   std::move(kwargs)}));
+                                                   std::move(kwargs), std::move(shipped)}));
 }
 
 Message builtinCallMessage(const std::string& schemaName, std::vector<c10::IValue> stack) {
@@ -106,15 +108,19 @@ void run(Message&& request, Registry& registry, const TaskLauncher& launcher,
       return;
     }
     const std::string& moduleHint = el[1].toStringRef();
-    auto callee = registry.find(function, moduleHint);
+    const c10::IValue& shipped = el.at(4);
+    auto callee = shipped.isNone() ? registry.find(function, moduleHint)
+                                   : shippedCallee(registry, shipped, function, worker);
     if (!callee) {
       respond(exceptionMessage(
           id, RemoteException{
-                  "RuntimeError",
-                  "worker " + worker + " has no TorchScript function named '" + function +
-                      "'. Import the module that defines it on " + worker +
-                      (moduleHint.empty() ? "" : " ('" + moduleHint + "')") +
-                      ", or call torchrpc.register(name, fn) there.",
+                  kUnknownFunction,
+                  shipped.isNone()
+                      ? "worker " + worker + " has no TorchScript function named '" + function +
+                            "'. Import the module that defines it on " + worker +
+                            (moduleHint.empty() ? "" : " ('" + moduleHint + "')") +
+                            ", or call torchrpc.register(name, fn) there."
+                      : "worker " + worker + " no longer has the shipped code of '" + function + "'",
                   "", function, worker}));
       return;
     }

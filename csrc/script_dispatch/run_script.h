@@ -3,7 +3,8 @@
 // Script and builtin calls: their wire format and how the callee runs them.
 // Everything here is C++ only and never takes the GIL.
 //
-//   SCRIPT_CALL  payload = (name: str, module_hint: str, args: tuple, kwargs: Dict[str, Any])
+//   SCRIPT_CALL  payload = (name: str, module_hint: str, args: tuple, kwargs: Dict[str, Any],
+//                           shipped: None or (format, sha1, code), see shipped_code.h)
 //   BUILTIN_CALL payload = (schema_name: str, args: tuple)   e.g. "aten::add.Tensor"
 //   response     SCRIPT_RET (the result IValue) or EXCEPTION
 //
@@ -25,8 +26,14 @@
 
 namespace torchrpc::script_dispatch {
 
+// The remote exception type of a call whose function the callee cannot find
+// (torchrpc.errors.UnknownFunctionError); a caller holding the function
+// resends it with its code.
+inline constexpr const char* kUnknownFunction = "torchrpc.errors.UnknownFunctionError";
+
 Message scriptCallMessage(const std::string& name, const std::string& moduleHint,
-                          std::vector<c10::IValue> stack, c10::impl::GenericDict kwargs);
+                          std::vector<c10::IValue> stack, c10::impl::GenericDict kwargs,
+                          c10::IValue shipped = c10::IValue());
 Message builtinCallMessage(const std::string& schemaName, std::vector<c10::IValue> stack);
 
 // Runs a SCRIPT_CALL or BUILTIN_CALL. `respond` is called exactly once, with

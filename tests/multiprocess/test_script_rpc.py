@@ -172,3 +172,64 @@ def test_saved_module_loads_in_a_fresh_process(tmp_path):
     without = subprocess.run([sys.executable, "-c", "import sys, torch; torch.jit.load(sys.argv[1])", path],
                              capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
     assert without.returncode != 0 and "torchrpc::rpc_async" in without.stderr
+
+
+# ---- shipped code: callees that lack the source ------------------------------------
+
+SHIPPED_SOURCE = '''
+import torch
+
+@torch.jit.script
+def helper(x: torch.Tensor) -> torch.Tensor:
+    return x * 7
+
+@torch.jit.script
+def shipped(x: torch.Tensor, k: int = 2) -> torch.Tensor:
+    return helper(x) + k
+'''
+
+
+@pytest.fixture(scope="module")
+def unseen(tmp_path_factory):
+    """A module only this process can import: workers cannot resolve its
+    script functions by name, so calls must ship their code."""
+    folder = tmp_path_factory.mktemp("only_here")
+    (folder / "only_here_fns.py").write_text(SHIPPED_SOURCE)
+    sys.path.insert(0, str(folder))
+    try:
+        import only_here_fns
+        yield only_here_fns
+    finally:
+        sys.path.remove(str(folder))
+
+
+def test_unseen_script_function_is_shipped_once_and_cached(unseen):
+    assert torch.equal(rpc.rpc_sync("worker1", unseen.shipped, args=(X,)), X * 7 + 2)
+    names = rpc.rpc_sync("worker1", funcs.debug_info)["script_functions"]
+    shipped = [n for n in names if n.startswith("sha1:")]
+    assert len(shipped) == 1
+    # later calls (defaults and kwargs filled in by the caller) carry only the hash
+    for k in range(3):
+        assert torch.equal(rpc.rpc_sync("worker1", unseen.shipped, args=(X,), kwargs={"k": k}), X * 7 + k)
+    assert torch.equal(rpc.rpc_async("worker2", unseen.shipped, args=(X, 5)).wait(), X * 7 + 5)
+    assert [n for n in rpc.rpc_sync("worker1", funcs.debug_info)["script_functions"] if n.startswith("sha1:")] == shipped
+
+
+def test_unseen_script_function_inside_python_arguments_fails_clearly(unseen):
+    # Inside the arguments of a Python call, script functions travel by name.
+    with pytest.raises(Exception, match="no TorchScript function named '__torch__.only_here_fns.helper'"):
+        rpc.rpc_sync("worker2", funcs.call, args=("worker0", unseen.helper, (X,)))
+
+
+def test_shipped_code_hash_or_format_mismatch_is_refused(unseen):
+    from torchrpc import shipped_code
+
+    agent = rpc.api._state.agent
+    fmt, digest, code = shipped_code.with_code(unseen.helper, 1)
+    for shipped, match in [
+        ((fmt, "0" * 40, code), "refusing to run it"),
+        (("torchscript-zip/0", digest, code), "run the same torchrpc version on every worker"),
+    ]:
+        call = agent.script_call(1, "helper", "", unseen.helper, (X,), {}, 10.0, "rpc_sync", shipped)
+        ok, info = call.result()
+        assert not ok and info[2] == "ValueError" and match in info[1], info

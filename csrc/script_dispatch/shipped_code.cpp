@@ -1,0 +1,64 @@
+#include "script_dispatch/shipped_code.h"
+
+#include <c10/util/hash.h>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/serialization/import.h>
+
+#include <sstream>
+
+namespace torchrpc::script_dispatch {
+
+namespace {
+
+// The `forward` of the module that save_to_buffer wraps a function in; the
+// schema callers see is forward's without `self`.
+class ShippedCallee final : public Callee {
+ public:
+  explicit ShippedCallee(torch::jit::Module module)
+      : module_(std::move(module)), method_(module_.get_method("forward")) {
+    const auto& full = method_.function().getSchema();
+    std::vector<c10::Argument> args(full.arguments().begin() + 1, full.arguments().end());
+    schema_ = std::make_unique<c10::FunctionSchema>(full.cloneWithArguments(std::move(args)));
+  }
+  const c10::FunctionSchema& schema() const override { return *schema_; }
+  c10::intrusive_ptr<c10::ivalue::Future> runAsync(torch::jit::Stack& stack,
+                                                   TaskLauncher launcher) override {
+    stack.insert(stack.begin(), module_._ivalue());
+    return method_.function().runAsync(stack, std::move(launcher));
+  }
+
+ private:
+  torch::jit::Module module_;
+  torch::jit::Method method_;
+  std::unique_ptr<c10::FunctionSchema> schema_;
+};
+
+}  // namespace
+
+std::shared_ptr<Callee> shippedCallee(Registry& registry, const c10::IValue& shipped,
+                                      const std::string& function, const std::string& worker) {
+  const auto& el = shipped.toTupleRef().elements();
+  const std::string& format = el.at(0).toStringRef();
+  const std::string& hash = el.at(1).toStringRef();
+  if (format != kShippedFormat) {
+    C10_THROW_ERROR(ValueError, "the code of '" + function + "' was shipped as '" + format + "', but " + worker +
+                                    " reads only '" + kShippedFormat +
+                                    "': run the same torchrpc version on every worker");
+  }
+  const std::string key = "sha1:" + hash;
+  if (auto found = registry.find(key, /*moduleHint=*/"", /*resolve=*/false)) return found;
+  if (el.at(2).isNone()) return nullptr;
+  const at::Tensor code = el.at(2).toTensor().contiguous();
+  std::string bytes(static_cast<const char*>(code.data_ptr()), code.nbytes());
+  std::string actual = c10::sha1(bytes).str();
+  if (actual != hash) {
+    C10_THROW_ERROR(ValueError, "the code of '" + function + "' arrived at " + worker + " with hash " + hash +
+                                    " but its bytes hash to " + actual + "; refusing to run it");
+  }
+  std::istringstream in(bytes);
+  auto callee = std::make_shared<ShippedCallee>(torch::jit::load(in));
+  registry.add(key, callee);
+  return callee;
+}
+
+}  // namespace torchrpc::script_dispatch

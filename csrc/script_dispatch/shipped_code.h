@@ -1,0 +1,33 @@
+#pragma once
+
+// Shipped code: TorchScript functions a callee has never seen, sent by the
+// caller as the bytes of `ScriptFunction.save_to_buffer()` (a TorchScript zip
+// holding the function and everything it calls) and compiled here, in C++,
+// without Python. Cached in the registry by content hash ("sha1:<hex>"), so
+// the code travels once per worker and a call by hash can never reach a
+// different function.
+//
+//   shipped = (format: str, sha1: str, code: uint8 Tensor or None)
+//
+// The caller first calls by name; on UnknownFunctionError it resends with the
+// code, and later calls carry only (format, sha1, None).
+
+#include <ATen/core/ivalue.h>
+
+#include <memory>
+#include <string>
+
+#include "script_dispatch/registry.h"
+
+namespace torchrpc::script_dispatch {
+
+// The only format this build reads; a caller with another gets a clear error.
+inline constexpr const char* kShippedFormat = "torchscript-zip/1";
+
+// The callee for a shipped function: from the registry by hash, else compiled
+// from `code` (checked against the hash), else nullptr (the caller must send
+// the code). Throws c10::ValueError on a format or hash mismatch.
+std::shared_ptr<Callee> shippedCallee(Registry& registry, const c10::IValue& shipped,
+                                      const std::string& function, const std::string& worker);
+
+}  // namespace torchrpc::script_dispatch
