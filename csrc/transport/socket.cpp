@@ -133,11 +133,20 @@ int listenUnix(const std::string& abstractName, std::string* boundAddress) {
   return fd;
 }
 
+namespace {
+constexpr int kSocketBufferBytes = 4 << 20;
+}  // namespace
+
 void configureConnectedSocket(int fd) {
   setNonBlocking(fd);
   int one = 1;
   // Fails harmlessly (ENOTSUP/EOPNOTSUPP) on Unix sockets.
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  // Large tensors move in fewer, larger writes and wake-ups. The kernel caps
+  // the request at net.core.[wr]mem_max; small messages are unaffected.
+  int bytes = kSocketBufferBytes;
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
 }
 
 int connectTo(const std::string& address, double timeoutSeconds, std::string* error) {
