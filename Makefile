@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 NATIVE := $(shell find csrc jit_ops -name '*.cpp' -o -name '*.h' 2>/dev/null)
 
-.PHONY: demo test bench build
+.PHONY: demo test bench build cpp-worker
 
 demo: $(VENV)/.built
 	$(PY) tutorials/demo.py
@@ -18,6 +18,10 @@ bench: $(VENV)/.built
 	$(PY) benchmarks/run_all.py
 
 build: $(VENV)/.built
+
+# A C++ program that joins a job with no Python (tutorials/cpp_worker).
+cpp-worker: $(VENV)/.built
+	$(PY) tutorials/cpp_worker/build.py
 
 $(VENV)/.deps: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -145,7 +145,6 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
         try:
             tcp, unix = agent.listen()
             records = rdv.exchange((name, rank, tcp, unix, rendezvous.host_id()))
-            _check_unique_names(records)
             agent.set_peers(records)
             agent.set_python_handler(python_fallback.handle_call)
             agent.set_script_resolver(python_fallback.resolve_script)
@@ -158,17 +157,6 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
             raise
         workers = [WorkerInfo(r[0], r[1]) for r in records]
         _state = _State(agent, workers[rank], workers, options, rdv, (tcp, unix))
-
-
-def _check_unique_names(records):
-    seen = {}
-    for name, rank, *_ in records:
-        if name in seen:
-            raise ValueError(
-                f"worker name {name!r} is used by ranks {seen[name]} and {rank}; "
-                "every worker of a job needs a unique name"
-            )
-        seen[name] = rank
 
 
 def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):

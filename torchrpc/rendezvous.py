@@ -1,15 +1,13 @@
 """Rendezvous: workers find each other through a torch.distributed Store.
 
-Each worker publishes (name, rank, TCP address, Unix address, host id) under
-``torchrpc/<generation>/worker/<rank>`` and reads everyone else's. The
-generation makes a reused store (a ``file://`` path, or the same store passed
-twice) safe across init_rpc/shutdown cycles. The same store carries the
-shutdown barrier.
+This module opens the store (``env://``, ``tcp://``, ``file://`` or an
+explicit one) and validates names; the protocol on the store (each worker
+publishes its name, rank, addresses and host id; barriers) is in C++
+(csrc/rendezvous), shared with C++ workers.
 """
 
 import datetime
 import os
-import pickle
 import re
 import socket
 import urllib.parse
@@ -34,19 +32,11 @@ def validate_name(name):
 
 def host_id():
     """Identifies this host and network namespace: workers with equal ids talk
-    over Unix sockets (abstract names are per network namespace)."""
-    parts = [socket.gethostname()]
-    for path in ("/proc/sys/kernel/random/boot_id",):
-        try:
-            with open(path) as f:
-                parts.append(f.read().strip())
-        except OSError:
-            pass
-    try:
-        parts.append(os.readlink("/proc/self/ns/net"))
-    except OSError:
-        pass
-    return "|".join(parts)
+    over Unix sockets (abstract names are per network namespace). The same
+    function serves C++ workers (csrc/worker)."""
+    from torchrpc._extension import native
+
+    return native().local_host_id()
 
 
 def _master_host(init_method):
@@ -104,32 +94,9 @@ def open_store(options, rank, world_size):
     return store, rank, world_size
 
 
-class Rendezvous:
-    """The job's table of workers, and its barriers, on one store."""
+def Rendezvous(store, rank, world_size):
+    """The job's table of workers and its barriers on `store`: implemented
+    once in C++ (csrc/rendezvous), shared with C++ workers."""
+    from torchrpc._extension import native
 
-    def __init__(self, store, rank, world_size):
-        self.rank = rank
-        self.world_size = world_size
-        joins = store.add("torchrpc/joins", 1)
-        generation = (joins - 1) // world_size
-        self.store = dist.PrefixStore(f"torchrpc/{generation}/", store)
-        self._base = store
-
-    def exchange(self, record):
-        """Publishes this worker's record; returns every worker's, by rank."""
-        self.store.set(f"worker/{self.rank}", pickle.dumps(record))
-        keys = [f"worker/{r}" for r in range(self.world_size)]
-        self.store.wait(keys)
-        return [pickle.loads(v) for v in self.store.multi_get(keys)]
-
-    def barrier(self, tag, timeout):
-        """Waits until every worker has reached barrier `tag`; keeps the store's
-        host (rank 0) alive until everyone has left it."""
-        store = self.store
-        store.set_timeout(datetime.timedelta(seconds=timeout))
-        if store.add(f"{tag}/arrived", 1) == self.world_size:
-            store.set(f"{tag}/go", b"1")
-        store.wait([f"{tag}/go"])
-        store.set(f"{tag}/left/{self.rank}", b"1")
-        if self.rank == 0:
-            store.wait([f"{tag}/left/{r}" for r in range(self.world_size)])
+    return native().Rendezvous(store, rank, world_size)

@@ -2,6 +2,7 @@
 // No logic lives here beyond converting values and releasing the GIL around
 // every blocking call.
 
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/jit/api/compilation_unit.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/jit/runtime/operator.h>
@@ -18,7 +19,9 @@
 #include "message/wire.h"
 #include "python_fallback/callback_runner.h"
 #include "python_fallback/run_python.h"
+#include "rendezvous/rendezvous.h"
 #include "script_dispatch/run_script.h"
+#include "worker/worker.h"
 
 namespace py = pybind11;
 using torchrpc::Agent;
@@ -108,6 +111,32 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init<>())
       .def("stop", &torchrpc::python_fallback::CallbackRunner::stop,
            py::call_guard<py::gil_scoped_release>());
+
+  m.def("local_host_id", &torchrpc::localHostId);
+
+  // Records are (name, rank, tcp address, unix address, host id) tuples.
+  py::class_<torchrpc::Rendezvous>(m, "Rendezvous")
+      .def(py::init([](py::object store, int rank, int worldSize) {
+             auto s = py::cast<c10::intrusive_ptr<c10d::Store>>(store);
+             py::gil_scoped_release nogil;
+             return std::make_unique<torchrpc::Rendezvous>(std::move(s), rank, worldSize);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("world_size"))
+      .def("exchange",
+           [](torchrpc::Rendezvous& r, const std::tuple<std::string, int, std::string, std::string, std::string>& me) {
+             const auto& [name, rank, tcp, unixAddr, host] = me;
+             std::vector<torchrpc::PeerInfo> peers;
+             try {
+               py::gil_scoped_release nogil;
+               peers = r.exchange(torchrpc::PeerInfo{name, rank, tcp, unixAddr, host});
+             } catch (const c10::ValueError& e) {
+               throw py::value_error(e.what_without_backtrace());
+             }
+             py::list out;
+             for (const auto& p : peers) out.append(py::make_tuple(p.name, p.rank, p.tcpAddress, p.unixAddress, p.hostId));
+             return out;
+           })
+      .def("barrier", &torchrpc::Rendezvous::barrier, py::call_guard<py::gil_scoped_release>());
 
   py::class_<Agent, std::shared_ptr<Agent>>(m, "Agent")
       .def(py::init([](const std::string& name, int rank, int worldSize, size_t numThreads,

@@ -15,6 +15,7 @@
 
 namespace torch::jit {
 struct CompilationUnit;
+struct Module;
 }
 
 namespace torchrpc::script_dispatch {
@@ -34,5 +35,8 @@ class Callee {
 // A TorchScript function. Keeps its compilation unit alive.
 std::shared_ptr<Callee> scriptFunctionCallee(std::shared_ptr<torch::jit::CompilationUnit> cu,
                                              torch::jit::Function* fn);
+// A method of a TorchScript module (e.g. one torch::jit::load gave a C++
+// program); its schema, as callers see it, has no `self`.
+std::shared_ptr<Callee> moduleMethodCallee(const torch::jit::Module& module, const std::string& method);
 
 }  // namespace torchrpc::script_dispatch

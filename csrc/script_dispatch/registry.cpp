@@ -1,6 +1,7 @@
 #include "script_dispatch/registry.h"
 
 #include <torch/csrc/jit/api/compilation_unit.h>
+#include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/runtime/operator.h>
 
 namespace torchrpc::script_dispatch {
@@ -22,7 +23,32 @@ class ScriptFunctionCallee final : public Callee {
   torch::jit::Function* fn_;
 };
 
+class ModuleMethodCallee final : public Callee {
+ public:
+  ModuleMethodCallee(torch::jit::Module module, const std::string& method)
+      : module_(std::move(module)), method_(module_.get_method(method)) {
+    const auto& full = method_.function().getSchema();
+    std::vector<c10::Argument> args(full.arguments().begin() + 1, full.arguments().end());
+    schema_ = std::make_unique<c10::FunctionSchema>(full.cloneWithArguments(std::move(args)));
+  }
+  const c10::FunctionSchema& schema() const override { return *schema_; }
+  c10::intrusive_ptr<c10::ivalue::Future> runAsync(torch::jit::Stack& stack,
+                                                   TaskLauncher launcher) override {
+    stack.insert(stack.begin(), module_._ivalue());
+    return method_.function().runAsync(stack, std::move(launcher));
+  }
+
+ private:
+  torch::jit::Module module_;
+  torch::jit::Method method_;
+  std::unique_ptr<c10::FunctionSchema> schema_;
+};
+
 }  // namespace
+
+std::shared_ptr<Callee> moduleMethodCallee(const torch::jit::Module& module, const std::string& method) {
+  return std::make_shared<ModuleMethodCallee>(module, method);
+}
 
 std::shared_ptr<Callee> scriptFunctionCallee(std::shared_ptr<torch::jit::CompilationUnit> cu,
                                              torch::jit::Function* fn) {

@@ -8,32 +8,6 @@
 
 namespace torchrpc::script_dispatch {
 
-namespace {
-
-// The `forward` of the module that save_to_buffer wraps a function in; the
-// schema callers see is forward's without `self`.
-class ShippedCallee final : public Callee {
- public:
-  explicit ShippedCallee(torch::jit::Module module)
-      : module_(std::move(module)), method_(module_.get_method("forward")) {
-    const auto& full = method_.function().getSchema();
-    std::vector<c10::Argument> args(full.arguments().begin() + 1, full.arguments().end());
-    schema_ = std::make_unique<c10::FunctionSchema>(full.cloneWithArguments(std::move(args)));
-  }
-  const c10::FunctionSchema& schema() const override { return *schema_; }
-  c10::intrusive_ptr<c10::ivalue::Future> runAsync(torch::jit::Stack& stack,
-                                                   TaskLauncher launcher) override {
-    stack.insert(stack.begin(), module_._ivalue());
-    return method_.function().runAsync(stack, std::move(launcher));
-  }
-
- private:
-  torch::jit::Module module_;
-  torch::jit::Method method_;
-  std::unique_ptr<c10::FunctionSchema> schema_;
-};
-
-}  // namespace
 
 std::shared_ptr<Callee> shippedCallee(Registry& registry, const c10::IValue& shipped,
                                       const std::string& function, const std::string& worker) {
@@ -56,7 +30,8 @@ std::shared_ptr<Callee> shippedCallee(Registry& registry, const c10::IValue& shi
                                     " but its bytes hash to " + actual + "; refusing to run it");
   }
   std::istringstream in(bytes);
-  auto callee = std::make_shared<ShippedCallee>(torch::jit::load(in));
+  // save_to_buffer wrapped the function as the `forward` of a module
+  auto callee = moduleMethodCallee(torch::jit::load(in), "forward");
   registry.add(key, callee);
   return callee;
 }

@@ -67,7 +67,7 @@ class Cluster:
         rpc_timeout: default call timeout in seconds.
     """
 
-    def __init__(self, world_size, *, init="tcp", threads=4, rpc_timeout=30.0):
+    def __init__(self, world_size, *, init="tcp", threads=4, rpc_timeout=30.0, programs=None):
         self.world_size = world_size
         self.names = [f"worker{r}" for r in range(world_size)]
         self.threads = threads
@@ -75,7 +75,11 @@ class Cluster:
         self.dir = tempfile.mkdtemp(prefix="torchrpc-test-")
         self.procs = {}  # rank -> Popen
         self.init = init
+        # rank -> function(port) giving the argv of a non-Python worker (it
+        # shuts down gracefully by itself, so it gets no stop request)
+        self.programs = programs or {}
         port = free_port()
+        self.port = port
         # how this process joins (init_rpc keyword arguments), and how workers do
         self.env = {}
         self.worker_args = []
@@ -112,8 +116,11 @@ class Cluster:
         else:
             options["init_method"] = self.init_method
         for rank in range(1, self.world_size):
-            cmd = worker_command(rank, self.world_size, self.init_method or "env://",
-                                 threads=self.threads, extra=self.worker_args)
+            if rank in self.programs:
+                cmd = self.programs[rank](self.port)
+            else:
+                cmd = worker_command(rank, self.world_size, self.init_method or "env://",
+                                     threads=self.threads, extra=self.worker_args)
             self.procs[rank] = spawn(cmd, self.log_path(rank), env=dict(self.env, RANK=str(rank)))
         try:
             with _environment(self.env):
@@ -155,6 +162,8 @@ class Cluster:
         problems = []
         try:
             for rank in alive:
+                if rank in self.programs:
+                    continue
                 try:
                     rpc.rpc_sync(rank, funcs.stop_worker, args=(graceful,), timeout=10)
                 except Exception as exc:

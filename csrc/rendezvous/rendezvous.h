@@ -1,0 +1,41 @@
+#pragma once
+
+// Rendezvous: workers find each other through a torch.distributed Store
+// (TCPStore, FileStore, ... whatever env://, tcp://, file:// or the user
+// gave). The same code serves Python workers (through the bindings) and C++
+// programs that link libtorchrpc, so both kinds can be in one job.
+//
+// Keys, under "torchrpc/<generation>/": "worker/<rank>" holds a worker's
+// record (name, rank, TCP address, Unix address, host id; one per line).
+// The generation, from a counter all workers of a job bump once, keeps a
+// reused store (the same file://, an explicit store passed twice) apart
+// across init/shutdown cycles. Barriers ("shutdown") live there too.
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <string>
+#include <vector>
+
+#include "agent/agent.h"
+
+namespace torchrpc {
+
+class Rendezvous {
+ public:
+  Rendezvous(c10::intrusive_ptr<c10d::Store> store, int rank, int worldSize);
+
+  // Publishes `me`; returns every worker's record, by rank, once all are in.
+  // Waits up to the store's timeout. Throws c10::ValueError if two workers
+  // have the same name.
+  std::vector<PeerInfo> exchange(const PeerInfo& me);
+  // Returns once every worker reached barrier `tag`; rank 0 (which may host
+  // the store) also waits until everyone has left it. Throws on timeout.
+  void barrier(const std::string& tag, double timeoutSeconds);
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;  // prefixed with the generation
+  int rank_;
+  int worldSize_;
+};
+
+}  // namespace torchrpc

@@ -1,0 +1,46 @@
+"""A C++ program in a job with Python workers: it links libtorchrpc (no
+Python), loads a TorchScript model saved here, whose forward calls Python
+workers, and serves that model to them (tutorials/cpp_worker)."""
+
+import time
+
+import pytest
+import torch
+
+import torchrpc as rpc
+from tests.multiprocess import funcs
+from tests.multiprocess.cluster import Cluster
+
+X = torch.arange(3.0)
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    from tutorials.cpp_worker import build
+
+    binary = build.build()
+    model = str(tmp_path_factory.mktemp("model") / "shards.pt")
+    torch.jit.script(funcs.Shards(["worker0", "worker1"])).save(model)
+    cpp = {2: lambda port: [binary, "worker2", "2", "3", "127.0.0.1", str(port), model]}
+    with Cluster(3, programs=cpp) as c:
+        yield c
+
+
+def test_cpp_worker_ran_the_model_calling_python_workers(job):
+    deadline = time.monotonic() + 30
+    while "forward(" not in job.log(2) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "worker2: joined a job of 3 workers" in job.log(2)
+    assert "worker2: forward([0, 1, 2]) = [0, 6, 12]" in job.log(2), job.log(2)
+
+
+def test_python_calls_the_cpp_worker(job):
+    # worker2 runs the model in C++; its forward calls worker0 and worker1 back
+    assert torch.equal(rpc.rpc_sync("worker2", "worker2.forward", args=(X,)), X * 6)
+    assert torch.equal(rpc.rpc_async("worker2", "worker2.forward", args=(X,)).wait(), X * 6)
+    assert torch.equal(rpc.rpc_sync("worker1", funcs.call, args=("worker2", "worker2.forward", (X,))), X * 6)
+
+
+def test_cpp_worker_reports_schema_mismatch(job):
+    with pytest.raises(TypeError, match="worker2.forward.*worker2"):
+        rpc.rpc_sync("worker2", "worker2.forward", args=("text",))

@@ -1,0 +1,65 @@
+// A worker without Python: joins a torchrpc job, loads a TorchScript model
+// that calls other workers (saved from Python with torch.jit.save), runs it,
+// and serves it to the other workers under the name "<name>.forward".
+//
+// Build:  .venv/bin/python tutorials/cpp_worker/build.py   (-> build/cpp_worker)
+// Run:    build/cpp_worker NAME RANK WORLD_SIZE MASTER_ADDR MASTER_PORT MODEL.pt
+//
+// The job's rendezvous is a TCPStore at MASTER_ADDR:MASTER_PORT, hosted by
+// rank 0, as with init_method="tcp://MASTER_ADDR:MASTER_PORT" in Python.
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/script.h>
+
+#include <iostream>
+
+#include "script_dispatch/callee.h"
+#include "worker/worker.h"
+
+// "[0, 6, 12]"
+std::string show(const torch::Tensor& t) {
+  std::string out = "[";
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    out += (i ? ", " : "") + std::to_string(static_cast<int64_t>(t[i].item<float>()));
+  }
+  return out + "]";
+}
+
+int main(int argc, char** argv) {
+  if (argc != 7) {
+    std::cerr << "usage: " << argv[0] << " NAME RANK WORLD_SIZE MASTER_ADDR MASTER_PORT MODEL.pt\n";
+    return 2;
+  }
+  const std::string name = argv[1];
+  const int rank = std::stoi(argv[2]);
+  const int worldSize = std::stoi(argv[3]);
+
+  c10d::TCPStoreOptions storeOptions;
+  storeOptions.port = static_cast<uint16_t>(std::stoi(argv[5]));
+  storeOptions.isServer = false;
+  storeOptions.numWorkers = worldSize;
+  storeOptions.waitWorkers = true;  // counts this client in, as Python clients do
+  storeOptions.timeout = std::chrono::seconds(60);
+  auto store = c10::make_intrusive<c10d::TCPStore>(argv[4], storeOptions);
+
+  torchrpc::AgentOptions options;
+  options.name = name;
+  options.rank = rank;
+  options.worldSize = worldSize;
+  options.numWorkerThreads = 4;
+  torchrpc::Worker worker(options, store);
+  std::cout << name << ": joined a job of " << worldSize << " workers" << std::endl;
+
+  // The model's forward calls other workers through the torchrpc:: ops.
+  torch::jit::Module model = torch::jit::load(argv[6]);
+  worker.agent().registry().add(name + ".forward",
+                                torchrpc::script_dispatch::moduleMethodCallee(model, "forward"));
+
+  torch::Tensor x = torch::arange(3, torch::kFloat);
+  torch::Tensor y = model.forward({x}).toTensor();
+  std::cout << name << ": forward(" << show(x) << ") = " << show(y) << std::endl;
+
+  worker.shutdown(/*timeoutSeconds=*/120);  // serves "<name>.forward" until all are done
+  std::cout << name << ": done" << std::endl;
+  return 0;
+}
