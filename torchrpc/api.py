@@ -445,15 +445,18 @@ _scriptable(rpc_async, "torchrpc::rpc_async")
 
 
 def register(name, fn):
-    """Registers a TorchScript function under an explicit, stable name.
+    """Registers a TorchScript function, or a scripted module, under a name.
 
-    Callers that registered the same name send it instead of the function's
-    qualified name (which TorchScript may mangle when a function is redefined).
-    Call it on every worker, before or after init_rpc.
+    Callers may then call it by that name (``rpc_sync(to, "name", ...)``,
+    also from inside TorchScript). Callers that registered the same function
+    send the name instead of its qualified name (which TorchScript may mangle
+    when a function is redefined). A scripted module is served by its
+    ``forward``, without the GIL. Call it on every worker that serves (or
+    sends) the name, before or after init_rpc.
 
     Args:
         name (str): the name callers use.
-        fn (torch.jit.ScriptFunction): the function.
+        fn (torch.jit.ScriptFunction or torch.jit.ScriptModule): what runs.
 
     Example::
 
@@ -461,10 +464,12 @@ def register(name, fn):
         ... def double(x: torch.Tensor) -> torch.Tensor:
         ...     return x * 2
         >>> torchrpc.register("double", double)
+        >>> torchrpc.register("model", torch.jit.script(MyModel()))
     """
-    if not isinstance(fn, torch.jit.ScriptFunction):
+    if not isinstance(fn, (torch.jit.ScriptFunction, torch.jit.ScriptModule)):
         raise TypeError(
-            f"torchrpc.register(name, fn) expects a @torch.jit.script function; got {type(fn).__name__}"
+            "torchrpc.register(name, fn) expects a @torch.jit.script function or a scripted "
+            f"module (torch.jit.script(module)); got {type(fn).__name__}"
         )
     if not isinstance(name, str) or not name:
         raise TypeError("torchrpc.register(name, fn) expects a non-empty str name")

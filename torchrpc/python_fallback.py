@@ -118,10 +118,11 @@ def function_name(fn):
     return f"{module}.{name}" if module and module != "__main__" else name
 
 
-def _pickles_by_reference(fn):
+def _module_level(fn):
+    """Whether fn is reachable as module.qualname (so it pickles by name)."""
     module = getattr(fn, "__module__", None)
     qualname = getattr(fn, "__qualname__", None)
-    if not module or not qualname or module == "__main__" or "<" in qualname:
+    if not module or not qualname or "<" in qualname:
         return False
     obj = sys.modules.get(module)
     for part in qualname.split("."):
@@ -129,14 +130,35 @@ def _pickles_by_reference(fn):
     return obj is fn
 
 
+class _MainReference:
+    """A function of the caller's ``__main__`` script. Every worker of a job
+    usually runs the same script, so, as torch.distributed.rpc does, the
+    callee uses its own ``__main__``'s function of that name (and its
+    globals, e.g. a server object the script made). A callee running another
+    program falls back to the pickled copy."""
+
+    def __init__(self, qualname, by_value):
+        self.qualname = qualname
+        self.by_value = by_value
+
+    def resolve(self):
+        obj = sys.modules.get("__main__")
+        for part in self.qualname.split("."):
+            obj = getattr(obj, part, None)
+        return obj if callable(obj) else cloudpickle.loads(self.by_value)
+
+
 def _pickle_function(fn):
+    by_name = _module_level(fn)
+    if by_name:
+        with _lock:
+            cached = _by_reference_cache.get(fn)
+        if cached is not None:
+            return cached
     try:
-        if _pickles_by_reference(fn):
-            with _lock:
-                cached = _by_reference_cache.get(fn)
-            if cached is not None:
-                return cached
         data = cloudpickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
+        if by_name and fn.__module__ == "__main__":
+            data = cloudpickle.dumps(_MainReference(fn.__qualname__, data), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as err:
         raise TypeError(
             f"cannot send {function_name(fn)!r}: it is not TorchScript, so torchrpc pickled it "
@@ -144,7 +166,7 @@ def _pickle_function(fn):
             "make the objects it captures picklable."
         ) from err
     entry = (hashlib.blake2b(data, digest_size=16).digest(), data)
-    if _pickles_by_reference(fn):
+    if by_name:
         with _lock:
             _by_reference_cache[fn] = entry
     return entry
@@ -193,6 +215,11 @@ def _error(exc, name):
     return ("err", _qualified_type(exc), str(exc), tb, name)
 
 
+def _load_function(data):
+    fn = cloudpickle.loads(data)
+    return fn.resolve() if isinstance(fn, _MainReference) else fn
+
+
 def _stateless(fn):
     """Whether one unpickled copy of fn may serve every call. Objects, bound
     methods and closures carry state a call may change, so they are unpickled
@@ -208,7 +235,7 @@ def handle_call(payload, tensors, caller_rank):
     try:
         digest, data, name, args, kwargs = loads(payload, tensors)
         if data is not None:
-            fn = cloudpickle.loads(data)
+            fn = _load_function(data)
             with _lock:
                 if len(_received) >= _MAX_RECEIVED:
                     _received.pop(next(iter(_received)))
@@ -219,7 +246,7 @@ def handle_call(payload, tensors, caller_rank):
             if fn is None:
                 return ("err", errors.UnknownFunctionError.REMOTE_TYPE, f"function {name!r} is not cached here", "", name)
             if isinstance(fn, bytes):
-                fn = cloudpickle.loads(fn)
+                fn = _load_function(fn)
         result = fn(*(args or ()), **(kwargs or {}))
     except BaseException as exc:  # everything the user code raises goes back
         return _error(exc, name)

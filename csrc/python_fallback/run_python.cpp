@@ -29,6 +29,10 @@ std::shared_ptr<py::object> sharedPyObject(py::object obj) {
 }  // namespace
 
 std::shared_ptr<script_dispatch::Callee> calleeFromPython(const py::handle& scriptFunction) {
+  if (py::hasattr(scriptFunction, "_c")) {  // a torch.jit.ScriptModule: its forward
+    return script_dispatch::moduleMethodCallee(py::cast<torch::jit::Module>(scriptFunction.attr("_c")),
+                                               "forward");
+  }
   auto f = py::cast<torch::jit::StrongFunctionPtr>(scriptFunction);
   return script_dispatch::scriptFunctionCallee(f.cu_, f.function_);
 }

@@ -20,6 +20,7 @@ void installPythonHandler(Agent& agent, pybind11::object handler);
 void installScriptResolver(Agent& agent, pybind11::object resolver);
 
 // Wraps a Python ScriptFunction as a GIL-free callee.
+// A ScriptFunction, or a ScriptModule (its forward), as a GIL-free callee.
 std::shared_ptr<script_dispatch::Callee> calleeFromPython(const pybind11::handle& scriptFunction);
 
 }  // namespace torchrpc::python_fallback

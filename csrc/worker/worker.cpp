@@ -19,7 +19,8 @@ std::string localHostId() {
   return id;
 }
 
-Worker::Worker(AgentOptions options, c10::intrusive_ptr<c10d::Store> store) {
+Worker::Worker(AgentOptions options, c10::intrusive_ptr<c10d::Store> store,
+               const std::function<void(Agent&)>& beforeServing) {
   if (options.hostId.empty()) options.hostId = localHostId();
   const int rank = options.rank;
   const int worldSize = options.worldSize;
@@ -28,6 +29,7 @@ Worker::Worker(AgentOptions options, c10::intrusive_ptr<c10d::Store> store) {
     rendezvous_ = std::make_unique<Rendezvous>(std::move(store), rank, worldSize);
     auto [tcp, unixAddr] = agent_->listen();
     agent_->setPeers(rendezvous_->exchange(PeerInfo{options.name, rank, tcp, unixAddr, options.hostId}));
+    if (beforeServing) beforeServing(*agent_);
     agent_->startServing();
     Agent::setCurrent(agent_);
   } catch (...) {

@@ -6,13 +6,15 @@
 // same job as Python workers.
 //
 //   auto store = c10::make_intrusive<c10d::TCPStore>(host, opts);
-//   torchrpc::Worker w({.name = "server", .rank = 2, .worldSize = 3}, store);
-//   w.agent().registry().add("server.forward", moduleMethodCallee(model, "forward"));
+//   torchrpc::Worker w(options, store, [&](torchrpc::Agent& agent) {
+//     agent.registry().add("server.forward", moduleMethodCallee(model, "forward"));
+//   });
 //   ...
 //   w.shutdown();  // waits for every worker, like shutdown(graceful=True)
 
 #include <c10/util/intrusive_ptr.h>
 
+#include <functional>
 #include <memory>
 
 #include "agent/agent.h"
@@ -28,7 +30,9 @@ class Worker {
  public:
   // Listens, exchanges addresses through `store` (waiting for the whole job)
   // and starts serving; the agent becomes Agent::current() for the ops.
-  Worker(AgentOptions options, c10::intrusive_ptr<c10d::Store> store);
+  // `beforeServing` may register callees: no call is handled before it returns.
+  Worker(AgentOptions options, c10::intrusive_ptr<c10d::Store> store,
+         const std::function<void(Agent&)>& beforeServing = {});
   ~Worker();
 
   Agent& agent() { return *agent_; }

@@ -3,7 +3,8 @@
 // and serves it to the other workers under the name "<name>.forward".
 //
 // Build:  .venv/bin/python tutorials/cpp_worker/build.py   (-> build/cpp_worker)
-// Run:    build/cpp_worker NAME RANK WORLD_SIZE MASTER_ADDR MASTER_PORT MODEL.pt
+// Run:    build/cpp_worker NAME RANK WORLD_SIZE MASTER_ADDR MASTER_PORT MODEL.pt [--try]
+//         (--try: also run forward(tensor([0., 1., 2.])) here once and print it)
 //
 // The job's rendezvous is a TCPStore at MASTER_ADDR:MASTER_PORT, hosted by
 // rank 0, as with init_method="tcp://MASTER_ADDR:MASTER_PORT" in Python.
@@ -26,8 +27,8 @@ std::string show(const torch::Tensor& t) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 7) {
-    std::cerr << "usage: " << argv[0] << " NAME RANK WORLD_SIZE MASTER_ADDR MASTER_PORT MODEL.pt\n";
+  if (argc != 7 && !(argc == 8 && std::string(argv[7]) == "--try")) {
+    std::cerr << "usage: " << argv[0] << " NAME RANK WORLD_SIZE MASTER_ADDR MASTER_PORT MODEL.pt [--try]\n";
     return 2;
   }
   const std::string name = argv[1];
@@ -47,17 +48,22 @@ int main(int argc, char** argv) {
   options.rank = rank;
   options.worldSize = worldSize;
   options.numWorkerThreads = 4;
-  torchrpc::Worker worker(options, store);
-  std::cout << name << ": joined a job of " << worldSize << " workers" << std::endl;
-
   // The model's forward calls other workers through the torchrpc:: ops.
   torch::jit::Module model = torch::jit::load(argv[6]);
-  worker.agent().registry().add(name + ".forward",
-                                torchrpc::script_dispatch::moduleMethodCallee(model, "forward"));
+  torchrpc::Worker worker(options, store, [&](torchrpc::Agent& agent) {
+    agent.registry().add(name + ".forward", torchrpc::script_dispatch::moduleMethodCallee(model, "forward"));
+  });
+  std::cout << name << ": joined a job of " << worldSize << " workers" << std::endl;
 
-  torch::Tensor x = torch::arange(3, torch::kFloat);
-  torch::Tensor y = model.forward({x}).toTensor();
-  std::cout << name << ": forward(" << show(x) << ") = " << show(y) << std::endl;
+  if (argc == 8) {
+    torch::Tensor x = torch::arange(3, torch::kFloat);
+    try {
+      torch::Tensor y = model.forward({x}).toTensor();
+      std::cout << name << ": forward(" << show(x) << ") = " << show(y) << std::endl;
+    } catch (const std::exception& e) {
+      std::cout << name << ": forward(" << show(x) << ") failed: " << e.what() << std::endl;
+    }
+  }
 
   worker.shutdown(/*timeoutSeconds=*/120);  // serves "<name>.forward" until all are done
   std::cout << name << ": done" << std::endl;
