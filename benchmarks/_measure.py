@@ -1,0 +1,73 @@
+"""Timing helpers: warm-up, per-call samples, medians and percentiles, CPU time.
+
+Standard library only, so that the socket floor measurement does not import torch.
+"""
+
+import os
+import statistics
+import time
+
+
+def percentile(samples, q):
+    """The q-th percentile (0..100) of `samples`, by linear interpolation."""
+    if not samples:
+        raise ValueError("percentile of no samples")
+    ordered = sorted(samples)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def summarize(samples):
+    """{'median', 'p10', 'p90', 'p99', 'n'} of a list of numbers."""
+    return {
+        "median": statistics.median(samples),
+        "p10": percentile(samples, 10),
+        "p90": percentile(samples, 90),
+        "p99": percentile(samples, 99),
+        "n": len(samples),
+    }
+
+
+def time_each(fn, n, warmup):
+    """Calls fn() `warmup` times untimed, then `n` times; returns the n durations (s)."""
+    for _ in range(warmup):
+        fn()
+    clock = time.perf_counter
+    samples = []
+    for _ in range(n):
+        start = clock()
+        fn()
+        samples.append(clock() - start)
+    return samples
+
+
+def rate_for(step, seconds):
+    """Runs step() (which returns how many operations it did) repeatedly for at
+    least `seconds`; returns operations per second."""
+    done = 0
+    start = time.perf_counter()
+    while True:
+        done += step()
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return done / elapsed
+
+
+def cpu_seconds(pid):
+    """User + system CPU time of process `pid` (all its threads), from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    # Fields after the ")" start at field 3 (state); utime and stime are fields 14 and 15.
+    ticks = int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def idle_cpu_percent(pids, seconds):
+    """Percent of one core each process in `pids` used while we slept `seconds`."""
+    before = {pid: cpu_seconds(pid) for pid in pids}
+    start = time.perf_counter()
+    time.sleep(seconds)
+    wall = time.perf_counter() - start
+    return {pid: 100.0 * (cpu_seconds(pid) - before[pid]) / wall for pid in pids}

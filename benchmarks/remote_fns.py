@@ -1,0 +1,59 @@
+"""Functions the benchmark callee runs, imported by every benchmark process.
+
+TorchScript functions are found on the callee by their qualified name
+(``__torch__.benchmarks.remote_fns.<name>``), so they must live in an
+importable module, not in ``__main__``. Each kind of call has a TorchScript
+and a plain Python twin doing the same work.
+"""
+
+import warnings
+
+import torch
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script is deprecated in 2.13
+
+    @torch.jit.script
+    def tiny_script(x: torch.Tensor) -> torch.Tensor:
+        """A tiny tensor op."""
+        return x + 1
+
+    @torch.jit.script
+    def int_script(n: int) -> int:
+        """No tensors at all."""
+        return n + 1
+
+    @torch.jit.script
+    def sink_script(x: torch.Tensor) -> torch.Tensor:
+        """Receives a (large) tensor, returns a one-element tensor: one-way send."""
+        return x.reshape(-1)[:1].clone()
+
+    @torch.jit.script
+    def busy_script(iters: int) -> int:
+        """CPU-bound: a loop of small tensor ops (a few ms for BUSY_ITERS)."""
+        x = torch.ones(8)
+        for _ in range(iters):
+            x = x * 0.999 + 0.001
+        return iters
+
+
+def tiny_python(x):
+    """Python twin of tiny_script."""
+    return x + 1
+
+
+def int_python(n):
+    """Python twin of int_script."""
+    return n + 1
+
+
+def busy_python(iters):
+    """Python twin of busy_script: the same ops, under the callee's GIL."""
+    x = torch.ones(8)
+    for _ in range(iters):
+        x = x * 0.999 + 0.001
+    return iters
+
+
+#: Iterations of busy_script / busy_python: a few milliseconds on a 2-core VM.
+BUSY_ITERS = 400

@@ -1,0 +1,254 @@
+"""The side-by-side report: rows, ratios, targets, JSON and a bar plot.
+
+Input is what run_all collected: ``results[backend][job]`` (the per-job data
+of :mod:`benchmarks.scenarios`) and the socket floor. A ratio above 1 always
+means torchrpc is better: torch_time / torchrpc_time for times and CPU,
+torchrpc / torch for rates.
+"""
+
+import json
+import math
+import os
+import statistics
+
+from benchmarks.backends import LABELS
+
+KB, MB = 1 << 10, 1 << 20
+
+
+class Row:
+    """One scenario of the table.
+
+    Attributes:
+        key (str): stable id, used in the JSON.
+        label (str): what the table shows.
+        unit (str): "us", "ms", "calls/s", "MB/s", "pct" or "x".
+        higher_is_better (bool): rates yes, times no.
+        get (callable): results-of-one-backend -> value (KeyError when missing).
+    """
+
+    def __init__(self, key, label, unit, higher_is_better, get):
+        self.key, self.label, self.unit = key, label, unit
+        self.higher_is_better, self.get = higher_is_better, get
+
+    def value(self, backend_results):
+        """The value for one backend, or None if that measurement failed."""
+        try:
+            return float(self.get(backend_results))
+        except (KeyError, TypeError, IndexError):
+            return None
+
+    def ratio(self, torch_value, ours):
+        """How many times torchrpc is better (None if undefined)."""
+        if torch_value is None or ours is None:
+            return None
+        num, den = (ours, torch_value) if self.higher_is_better else (torch_value, ours)
+        if den <= 0:
+            return math.inf if num > 0 else None
+        return num / den
+
+
+def _rows():
+    rows = []
+    lat = [("script", "TorchScript fn"), ("builtin", "builtin torch.add"), ("python", "Python fn"),
+           ("script_int", "TorchScript fn, ints only"), ("python_int", "Python fn, ints only")]
+    for name, label in lat:
+        rows.append(Row(f"latency.{name}", f"rpc_sync tiny {label}", "us", False,
+                        lambda r, n=name: r["main"]["latency_us"][n]["median"]))
+    for kind in ("script", "python"):
+        for depth in (1, 16, 128):
+            rows.append(Row(f"throughput.{kind}.{depth}", f"rpc_async {kind}, {depth} in flight",
+                            "calls/s", True, lambda r, k=kind, d=depth: r["main"]["throughput"][k][str(d)]))
+    for kind in ("script", "python"):
+        rows.append(Row(f"cpu_bound.{kind}.one", f"CPU-bound {kind} callee, 1 caller", "calls/s", True,
+                        lambda r, k=kind: r["scaling"]["cpu_bound"][k]["one"]))
+        rows.append(Row(f"cpu_bound.{kind}.all", f"CPU-bound {kind} callee, 2 callers", "calls/s", True,
+                        lambda r, k=kind: r["scaling"]["cpu_bound"][k]["all"]))
+        rows.append(Row(f"cpu_bound.{kind}.scaling", f"CPU-bound {kind}: 2 callers / 1", "x", True,
+                        lambda r, k=kind: r["scaling"]["cpu_bound"][k]["scaling"]))
+    for size, label in ((KB, "1 KB"), (MB, "1 MB"), (16 * MB, "16 MB"), (64 * MB, "64 MB")):
+        rows.append(Row(f"send.{size}", f"tensor send {label}", "MB/s", True,
+                        lambda r, s=size: r["main"]["send"][str(s)]["mb_per_s"]))
+    rows.append(Row("idle.callee", "idle CPU, callee", "pct", False, lambda r: r["main"]["idle"]["callee_pct"]))
+    rows.append(Row("idle.caller", "idle CPU, caller", "pct", False, lambda r: r["main"]["idle"]["caller_pct"]))
+    for world in (2, 4):
+        rows.append(Row(f"init.{world}", f"init_rpc, {world} workers", "ms", False,
+                        lambda r, w=world: r[f"init{w}"]["init_ms"]))
+        rows.append(Row(f"shutdown.{world}", f"shutdown, {world} workers", "ms", False,
+                        lambda r, w=world: r[f"init{w}"]["shutdown_ms"]))
+    return rows
+
+
+ROWS = _rows()
+
+
+class Target:
+    """A goal attached to a row: check(torch, ours, ratio, floor_us) -> bool."""
+
+    def __init__(self, row, text, check):
+        self.row, self.text, self.check = row, text, check
+
+
+TARGETS = [
+    Target("latency.script", ">= 4x torch", lambda t, o, ratio, floor: ratio >= 4),
+    Target("latency.script", "<= 3x socket floor", lambda t, o, ratio, floor: o <= 3 * floor),
+    Target("latency.python", ">= 1x torch", lambda t, o, ratio, floor: ratio >= 1),
+    Target("latency.python_int", ">= 1x torch", lambda t, o, ratio, floor: ratio >= 1),
+    Target("throughput.script.128", ">= 4x torch", lambda t, o, ratio, floor: ratio >= 4),
+    Target("throughput.python.128", ">= 1x torch", lambda t, o, ratio, floor: ratio >= 1),
+    Target("cpu_bound.script.scaling", ">= 1.7x", lambda t, o, ratio, floor: o >= 1.7),
+    Target("send.67108864", ">= 2x torch", lambda t, o, ratio, floor: ratio >= 2),
+    Target("idle.callee", "< 1% of a core", lambda t, o, ratio, floor: o < 1),
+    Target("idle.caller", "< 1% of a core", lambda t, o, ratio, floor: o < 1),
+    Target("init.4", "< 100 ms", lambda t, o, ratio, floor: o < 100),
+]
+
+
+def aggregate_init(rank_results):
+    """Per repetition the slowest worker, then the median over repetitions (ms);
+    also the first repetition alone (cold: the first init_rpc of the process)."""
+    out = {}
+    for field in ("init", "shutdown"):
+        per_rep = [max(reps) for reps in zip(*(r[f"{field}_s"] for r in rank_results))]
+        out[f"{field}_ms"] = statistics.median(per_rep) * 1e3
+        out[f"{field}_ms_first"] = per_rep[0] * 1e3
+        out[f"{field}_ms_per_rep"] = [v * 1e3 for v in per_rep]
+    return out
+
+
+def build(results, floor):
+    """Table rows as dicts: label, unit, torch, torchrpc, ratio, target, status."""
+    floor_us = floor["median"] if floor else None
+    table = []
+    for row in ROWS:
+        torch_value, ours = row.value(results.get("torch", {})), row.value(results.get("torchrpc", {}))
+        if torch_value is None and ours is None:
+            continue  # the job did not run (or failed: see the errors line)
+        ratio = row.ratio(torch_value, ours)
+        goals = [t for t in TARGETS if t.row == row.key]
+        if not goals:
+            table.append(_entry(row, torch_value, ours, ratio, "", ""))
+        for goal in goals:
+            try:
+                ok = goal.check(torch_value, ours, ratio, floor_us)
+                status = "PASS" if ok else "MISS"
+            except TypeError:  # a value is missing
+                status = "n/a"
+            table.append(_entry(row, torch_value, ours, ratio, goal.text, status))
+    return table
+
+
+def _entry(row, torch_value, ours, ratio, target, status):
+    return {"key": row.key, "label": row.label, "unit": row.unit, "torch": torch_value,
+            "torchrpc": ours, "ratio": ratio, "target": target, "status": status}
+
+
+def fmt(value, unit):
+    """A value with its unit, for the table."""
+    if value is None:
+        return "n/a"
+    if unit == "us":
+        return f"{value:.0f} µs"
+    if unit == "ms":
+        return f"{value:.1f} ms" if value < 100 else f"{value:.0f} ms"
+    if unit == "calls/s":
+        return f"{value / 1e3:.1f}k/s" if value >= 1e3 else f"{value:.0f}/s"
+    if unit == "MB/s":
+        return f"{value:,.0f} MB/s"
+    if unit == "pct":
+        return f"{value:.1f}%"
+    if unit == "x":
+        return f"{value:.2f}x"
+    return f"{value:g} {unit}"
+
+
+def _fmt_ratio(ratio):
+    if ratio is None:
+        return "n/a"
+    if math.isinf(ratio):
+        return "inf"
+    return f"{ratio:.2f}x" if ratio < 10 else f"{ratio:.1f}x"
+
+
+def markdown(table, floor, meta, errors):
+    """The table as aligned Markdown, with the socket floor and run details."""
+    header = ["scenario", LABELS["torch"], LABELS["torchrpc"], "ratio", "target", ""]
+    lines = [[e["label"], fmt(e["torch"], e["unit"]), fmt(e["torchrpc"], e["unit"]),
+              _fmt_ratio(e["ratio"]), e["target"], e["status"]] for e in table]
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *lines)]
+
+    def line(cells):
+        return "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
+
+    out = [line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    out += [line(cells) for cells in lines]
+    if floor:
+        out.append("")
+        runs = ", ".join(f"{m:.1f}" for m in floor.get("medians_of_runs", [floor["median"]]))
+        out.append(f"Socket round trip floor (Unix stream, 1 byte, two processes): "
+                   f"{floor['median']:.1f} µs median (p90 {floor['p90']:.1f} µs; "
+                   f"lowest median of the runs at the start and end: {runs} µs).")
+    out.append(f"Ratio > 1: torchrpc better. Medians. {meta['summary']}")
+    passed = sum(e["status"] == "PASS" for e in table)
+    judged = sum(e["status"] in ("PASS", "MISS") for e in table)
+    out.append(f"Targets: {passed}/{judged} PASS.")
+    if errors:
+        out.append(f"Failed (see results.json for their logs): {', '.join(sorted(errors))}.")
+    return "\n".join(out)
+
+
+def plot(table, path):
+    """Horizontal bars of the ratios (log scale, 1 = parity) into a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seen, entries = set(), []
+    for e in table:
+        if e["key"] in seen or e["ratio"] is None or math.isinf(e["ratio"]) or e["ratio"] <= 0:
+            continue
+        seen.add(e["key"])
+        entries.append(e)
+    if not entries:
+        return False
+    entries.reverse()  # first row on top
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(entries) + 1.5))
+    ratios = [e["ratio"] for e in entries]
+    colors = ["tab:green" if r >= 1 else "tab:red" for r in ratios]
+    ax.barh([e["label"] for e in entries], ratios, color=colors)
+    ax.axvline(1.0, color="black", linewidth=1)
+    ax.set_xscale("log")
+    for y, r in enumerate(ratios):
+        ax.text(r, y, f" {r:.2f}x", va="center", fontsize=8)
+    ax.set_xlabel("torchrpc vs torch.distributed.rpc (ratio, >1 = torchrpc better; log scale)")
+    ax.set_title("torchrpc / torch.distributed.rpc, medians")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _finite(obj):
+    """obj with inf/nan floats replaced by None (strict JSON)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def write(out_dir, results, floor, meta, errors):
+    """Writes results.json, results.md and ratios.png; returns the Markdown table."""
+    os.makedirs(out_dir, exist_ok=True)
+    table = build(results, floor)
+    text = markdown(table, floor, meta, errors)
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(_finite({"meta": meta, "floor_us": floor, "table": table, "raw": results,
+                           "errors": errors}), f, indent=1, allow_nan=False)
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(text + "\n")
+    plot(table, os.path.join(out_dir, "ratios.png"))
+    return text

@@ -1,0 +1,174 @@
+"""torchrpc vs torch.distributed.rpc, side by side, in one run (``make bench``).
+
+    .venv/bin/python benchmarks/run_all.py            # full run, ~3 minutes
+    .venv/bin/python benchmarks/run_all.py --quick    # smoke run, under a minute
+    .venv/bin/python benchmarks/run_all.py --out DIR  # default benchmarks/results/
+
+For each job, the same scenarios run first on torch.distributed.rpc
+(TensorPipe) and then on torchrpc, each backend in fresh worker processes on
+127.0.0.1 with fresh ports:
+
+- ``main`` (callee + caller): idle CPU, rpc_sync latency, rpc_async
+  throughput with 1/16/128 in flight, tensor send 1 KB..64 MB;
+- ``scaling`` (callee + 2 caller processes): a CPU-bound callee with 1 and
+  2 concurrent callers;
+- ``init`` with 2 and 4 workers: init_rpc and shutdown times.
+
+Then it prints the table (with the targets, PASS/MISS) and writes
+``results.json``, ``results.md`` and ``ratios.png`` into the out dir. A job
+that fails or hangs is reported (with its log tail) and its rows read n/a.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import backends, launch, report  # noqa: E402
+
+KB, MB = 1 << 10, 1 << 20
+
+#: The run's sizes; ``quick`` is a smoke run.
+CONFIGS = {
+    "full": {
+        "threads": 16, "rpc_timeout": 60.0,
+        "latency_samples": 2000, "latency_warmup": 200,
+        "throughput_depths": [1, 16, 128], "throughput_rounds": 5, "throughput_round_s": 0.3,
+        "send_sizes": [KB, MB, 16 * MB, 64 * MB], "send_reps": [1000, 100, 20, 10],
+        "idle_s": 2.0,
+        "cpu_rounds": 3, "cpu_round_s": 1.0,
+        "init_reps": 7,
+        "floor_round_trips": 20000,
+        "job_timeout_s": 150.0,
+        "jobs": ["main", "scaling", "init2", "init4"],
+    },
+    "quick": {
+        "threads": 16, "rpc_timeout": 30.0,
+        "latency_samples": 200, "latency_warmup": 30,
+        "throughput_depths": [1, 16, 128], "throughput_rounds": 1, "throughput_round_s": 0.1,
+        "send_sizes": [KB, MB, 16 * MB, 64 * MB], "send_reps": [50, 10, 3, 2],
+        "idle_s": 1.0,
+        "cpu_rounds": 1, "cpu_round_s": 0.3,
+        "init_reps": 2,
+        "floor_round_trips": 2000,
+        "job_timeout_s": 60.0,
+        "jobs": ["main", "scaling", "init4"],
+    },
+}
+
+#: (result key, job, world size): what can run, in order, for each backend
+#: (a config's "jobs" picks by result key).
+JOBS = [("main", "main", 2), ("scaling", "scaling", 3), ("init2", "init", 2), ("init4", "init", 4)]
+
+
+def socket_floor(cfg):
+    """Runs benchmarks.socket_floor in a child process; returns its summary."""
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.socket_floor", "--n", str(cfg["floor_round_trips"])],
+                          cwd=launch.ROOT, capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(proc.stdout)
+
+
+def _floor(cfg, errors):
+    """One socket floor measurement, printed; None (and an error) on failure."""
+    print("  socket floor ...", end="", flush=True)
+    try:
+        floor = socket_floor(cfg)
+    except (subprocess.SubprocessError, ValueError) as err:
+        errors["socket_floor"] = str(err)
+        print(" FAILED")
+        return None
+    print(f" {floor['median']:.1f} µs")
+    return floor
+
+
+def run_backends(names, cfg, torch_transports, errors):
+    """Runs every job on every backend; returns results[backend][result key]."""
+    import torch.distributed as dist
+
+    control = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                            timeout=datetime.timedelta(seconds=cfg["job_timeout_s"]))
+    results = {name: {} for name in names}
+    for key, job, world in JOBS:
+        if key not in cfg["jobs"]:
+            continue
+        for name in names:
+            reps = cfg["init_reps"] if job == "init" else 1
+            start = time.monotonic()
+            print(f"  {backends.LABELS[name]:<22} {key:<8} ({world} processes) ...", end="", flush=True)
+            try:
+                ranks = launch.run_job(job, name, world, control.port, cfg, cfg["job_timeout_s"],
+                                       ports=[launch.free_port() for _ in range(reps)],
+                                       torch_transports=torch_transports)
+            except launch.JobFailed as err:
+                print(" FAILED")
+                errors[f"{name}/{key}"] = str(err)
+                print(f"    {err}".replace("\n", "\n    "), file=sys.stderr)
+                continue
+            print(f" {time.monotonic() - start:.1f} s")
+            results[name][key] = report.aggregate_init(ranks) if job == "init" else ranks[1]
+    return results
+
+
+def metadata(cfg_name, torch_transports):
+    """Where and how the numbers were taken."""
+    import torch
+
+    cores = os.cpu_count()
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    transports = ",".join(torch_transports) if torch_transports else "default"
+    return {
+        "config": cfg_name, "when": when, "host": platform.node(), "cores": cores,
+        "python": platform.python_version(), "torch": torch.__version__,
+        "torch_transports": transports,
+        "summary": f"{cfg_name} run, {when}, {cores} cores, torch {torch.__version__}, "
+                   f"TensorPipe transports: {transports}.",
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short smoke run (under a minute)")
+    parser.add_argument("--out", default=os.path.join(launch.ROOT, "benchmarks", "results"),
+                        help="directory for results.json, results.md, ratios.png")
+    parser.add_argument("--backends", default=",".join(backends.NAMES),
+                        help="comma-separated subset of: " + ", ".join(backends.NAMES))
+    parser.add_argument("--torch-transports", default=None,
+                        help="TensorPipe transports for torch.distributed.rpc, e.g. 'uv' (default: its own choice)")
+    args = parser.parse_args(argv)
+    names = [n for n in backends.NAMES if n in args.backends.split(",")]
+    transports = args.torch_transports.split(",") if args.torch_transports else None
+    cfg_name = "quick" if args.quick else "full"
+    cfg = CONFIGS[cfg_name]
+    started = time.monotonic()
+    load = os.getloadavg()
+    print(f"torchrpc benchmarks ({cfg_name}): {', '.join(backends.LABELS[n] for n in names)}; "
+          f"load average {load[0]:.2f} (numbers are noisy when other work runs)")
+    errors = {}
+    floors = [_floor(cfg, errors)]
+    results = run_backends(names, cfg, transports, errors)
+    floors.append(_floor(cfg, errors))
+    floor = min((f for f in floors if f), key=lambda f: f["median"], default=None)
+    if floor:
+        floor["medians_of_runs"] = [f["median"] for f in floors if f]
+    meta = metadata(cfg_name, transports)
+    meta["wall_s"] = time.monotonic() - started
+    meta["load_average_start"], meta["load_average_end"] = load, os.getloadavg()
+    meta["summary"] += (f" Load average (1 min): {load[0]:.2f} at the start, "
+                        f"{meta['load_average_end'][0]:.2f} at the end.")
+    text = report.write(args.out, results, floor, meta, errors)
+    print()
+    print(text)
+    print(f"\nWrote {os.path.join(args.out, 'results.json')}, results.md and ratios.png "
+          f"({meta['wall_s']:.0f} s).")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

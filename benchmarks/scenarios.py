@@ -1,0 +1,159 @@
+"""The measurements, written once against an ``rpc`` module.
+
+Each function takes ``rpc`` (torchrpc or torch.distributed.rpc, already
+initialised unless the function initialises it itself), the callee's name and
+``cfg`` (the run's sizes: see ``run_all.CONFIGS``), and returns plain data for
+JSON. Times are medians of per-call samples unless said otherwise.
+"""
+
+import os
+import statistics
+import time
+
+import torch
+
+from benchmarks import _measure, remote_fns
+
+#: rpc_sync latency: name -> (function, args). Tiny calls, so the RPC dominates.
+LATENCY_CALLS = {
+    "script": (remote_fns.tiny_script, (torch.ones(2),)),
+    "builtin": (torch.add, (torch.ones(2), 1)),
+    "python": (remote_fns.tiny_python, (torch.ones(2),)),
+    "script_int": (remote_fns.int_script, (1,)),
+    "python_int": (remote_fns.int_python, (1,)),
+}
+
+#: rpc_async throughput and CPU-bound scaling: kind -> function.
+TINY_BY_KIND = {"script": remote_fns.tiny_script, "python": remote_fns.tiny_python}
+BUSY_BY_KIND = {"script": remote_fns.busy_script, "python": remote_fns.busy_python}
+
+
+def idle_cpu(callee_pid, cfg):
+    """CPU used by the callee and by this (caller) process while both are idle.
+
+    Call right after init_rpc and a first call (the connection is open).
+
+    Returns:
+        {"callee_pct": ..., "caller_pct": ...}: percent of one core.
+    """
+    time.sleep(0.2)  # let any post-activity spinning end
+    me = os.getpid()
+    pct = _measure.idle_cpu_percent([callee_pid, me], cfg["idle_s"])
+    return {"callee_pct": pct[callee_pid], "caller_pct": pct[me], "seconds": cfg["idle_s"]}
+
+
+def latency(rpc, to, cfg):
+    """rpc_sync round trip of tiny calls, one at a time.
+
+    Returns:
+        {call name: summary of per-call µs}, names as in LATENCY_CALLS.
+    """
+    out = {}
+    for name, (fn, args) in LATENCY_CALLS.items():
+        samples = _measure.time_each(lambda: rpc.rpc_sync(to, fn, args=args),
+                                     cfg["latency_samples"], cfg["latency_warmup"])
+        out[name] = _measure.summarize([s * 1e6 for s in samples])
+    return out
+
+
+def throughput(rpc, to, cfg):
+    """Calls per second with N calls in flight: batches of N rpc_async, then
+    wait for all of them; the median over a few rounds of fixed duration.
+
+    Returns:
+        {kind: {str(N): calls/s}} for kind in script, python.
+    """
+    arg = torch.ones(2)
+    out = {}
+    for kind, fn in TINY_BY_KIND.items():
+        out[kind] = {}
+        for depth in cfg["throughput_depths"]:
+            def batch():
+                futures = [rpc.rpc_async(to, fn, args=(arg,)) for _ in range(depth)]
+                torch.futures.wait_all(futures)
+                return depth
+
+            for _ in range(max(1, 200 // depth)):  # warm-up
+                batch()
+            rates = [_measure.rate_for(batch, cfg["throughput_round_s"])
+                     for _ in range(cfg["throughput_rounds"])]
+            out[kind][str(depth)] = statistics.median(rates)
+    return out
+
+
+def tensor_send(rpc, to, cfg):
+    """One-way tensor send: rpc_sync of a function that returns a 1-element
+    tensor, with float32 arguments of each size in cfg["send_sizes"] (bytes).
+
+    Returns:
+        {str(bytes): {"ms": median ms per call, "mb_per_s": 10^6 bytes/s}}.
+    """
+    out = {}
+    for size, reps in zip(cfg["send_sizes"], cfg["send_reps"]):
+        x = torch.ones(size // 4)
+        samples = _measure.time_each(lambda: rpc.rpc_sync(to, remote_fns.sink_script, args=(x,)),
+                                     reps, max(2, reps // 10))
+        median = statistics.median(samples)
+        out[str(size)] = {"ms": median * 1e3, "mb_per_s": size / median / 1e6, "n": reps}
+    return out
+
+
+def cpu_bound(rpc, to, control, index, callers, cfg):
+    """Scaling of a CPU-bound callee (a few ms per call) from 1 to `callers`
+    concurrent callers, each a separate process calling rpc_sync back to back.
+
+    Every caller process runs this; they meet at control barriers. Caller 0
+    measures alone, then all callers together, cfg["cpu_rounds"] times.
+
+    Returns (on caller 0; {} elsewhere):
+        {kind: {"one": calls/s, "all": calls/s summed over callers,
+                "scaling": all / one, "ms_per_call": ms with one caller}}.
+    """
+    out = {}
+    iters = remote_fns.BUSY_ITERS
+    for kind, fn in BUSY_BY_KIND.items():
+        def call():
+            rpc.rpc_sync(to, fn, args=(iters,))
+            return 1
+
+        for _ in range(3):
+            call()
+        one, together = [], []
+        for r in range(cfg["cpu_rounds"]):
+            control.barrier(f"cpu/{kind}/{r}/one", callers)
+            if index == 0:
+                one.append(_measure.rate_for(call, cfg["cpu_round_s"]))
+            control.barrier(f"cpu/{kind}/{r}/all", callers)
+            control.set(f"cpu/{kind}/{r}/rate/{index}", repr(_measure.rate_for(call, cfg["cpu_round_s"])))
+            if index == 0:
+                together.append(sum(float(control.get(f"cpu/{kind}/{r}/rate/{i}")) for i in range(callers)))
+        if index == 0:
+            one_rate, all_rate = statistics.median(one), statistics.median(together)
+            out[kind] = {"one": one_rate, "all": all_rate, "scaling": all_rate / one_rate,
+                         "ms_per_call": 1e3 / one_rate}
+    return out
+
+
+def init_shutdown(backend, name, rank, world_size, ports, control, cfg):
+    """Time of init_rpc and of shutdown in this worker, once per port in `ports`.
+
+    All workers of the job start each init_rpc together (a control barrier),
+    so process start-up and imports are not counted, and meet again before
+    shutdown.
+
+    Returns:
+        {"init_s": [...], "shutdown_s": [...]}, one entry per repetition.
+    """
+    rpc = backend.rpc
+    init_s, shutdown_s = [], []
+    for rep, port in enumerate(ports):
+        options = backend.options(port, cfg["threads"], cfg["rpc_timeout"])
+        control.barrier(f"init/{rep}")
+        start = time.perf_counter()
+        rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=options)
+        init_s.append(time.perf_counter() - start)
+        control.barrier(f"up/{rep}")
+        start = time.perf_counter()
+        rpc.shutdown()
+        shutdown_s.append(time.perf_counter() - start)
+    return {"init_s": init_s, "shutdown_s": shutdown_s}

@@ -1,0 +1,104 @@
+"""One benchmark process: ``python -m benchmarks.worker --spec SPEC --rank R``.
+
+SPEC is a JSON file written by :mod:`benchmarks.launch`: the backend, the job
+(``main``, ``scaling`` or ``init``), world size, ports, the control store and
+the run's sizes. The worker plays the role its rank has in that job and writes
+``<out_dir>/rank<R>.json``. Rank 0 is the callee in ``main`` and ``scaling``.
+"""
+
+import argparse
+import faulthandler
+import json
+import os
+import sys
+import traceback
+
+from benchmarks import backends, scenarios
+from benchmarks.control import Control
+
+CALLEE = "callee"
+
+
+def _init(backend, control, name, rank, spec):
+    """init_rpc, then wait until every worker of the job has returned from it.
+
+    The barrier starts every measurement from the same state on both backends:
+    no call overlaps another worker's init_rpc.
+    """
+    cfg = spec["cfg"]
+    backend.rpc.init_rpc(name, rank=rank, world_size=spec["world_size"],
+                         rpc_backend_options=backend.options(spec["ports"][0], cfg["threads"],
+                                                             cfg["rpc_timeout"]))
+    control.barrier("ready")
+
+
+def _serve(backend, control, rank, spec):
+    """The callee of ``main`` and ``scaling``: publish the pid, serve, leave."""
+    control.set("pid/callee", str(os.getpid()))
+    _init(backend, control, CALLEE, rank, spec)
+    backend.rpc.shutdown()
+    return {}
+
+
+def job_main(backend, control, rank, spec):
+    """Two workers: idle CPU, latency, throughput and tensor send."""
+    if rank == 0:
+        return _serve(backend, control, rank, spec)
+    rpc, cfg = backend.rpc, spec["cfg"]
+    _init(backend, control, "caller", rank, spec)
+    fn, args = scenarios.LATENCY_CALLS["script"]
+    rpc.rpc_sync(CALLEE, fn, args=args)  # opens the connection
+    result = {"idle": scenarios.idle_cpu(int(control.get("pid/callee")), cfg)}
+    result["latency_us"] = scenarios.latency(rpc, CALLEE, cfg)
+    result["throughput"] = scenarios.throughput(rpc, CALLEE, cfg)
+    result["send"] = scenarios.tensor_send(rpc, CALLEE, cfg)
+    rpc.shutdown()
+    return result
+
+
+def job_scaling(backend, control, rank, spec):
+    """One callee, world_size - 1 callers: CPU-bound callee scaling."""
+    if rank == 0:
+        return _serve(backend, control, rank, spec)
+    _init(backend, control, f"caller{rank - 1}", rank, spec)
+    result = {"cpu_bound": scenarios.cpu_bound(backend.rpc, CALLEE, control, rank - 1,
+                                               spec["world_size"] - 1, spec["cfg"])}
+    backend.rpc.shutdown()
+    return result
+
+
+def job_init(backend, control, rank, spec):
+    """Every worker: init_rpc and shutdown times, once per port."""
+    return scenarios.init_shutdown(backend, f"worker{rank}", rank, spec["world_size"],
+                                   spec["ports"], control, spec["cfg"])
+
+
+JOBS = {"main": job_main, "scaling": job_scaling, "init": job_init}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, help="job spec JSON written by benchmarks.launch")
+    parser.add_argument("--rank", type=int, required=True)
+    args = parser.parse_args(argv)
+    with open(args.spec) as f:
+        spec = json.load(f)
+    # A hung worker prints every thread's stack to its log before launch kills it.
+    faulthandler.dump_traceback_later(max(1.0, spec["timeout"] - 3), exit=False)
+    backend = backends.load(spec["backend"], spec.get("torch_transports"))
+    control = Control(spec["control_port"], spec["prefix"], spec["world_size"], spec["timeout"])
+    try:
+        result = JOBS[spec["job"]](backend, control, args.rank, spec)
+    except BaseException:
+        # No graceful shutdown: it would wait for workers that wait for us.
+        # launch.run_job sees the exit code and kills the rest of the job.
+        traceback.print_exc()
+        sys.stdout.flush()
+        os._exit(1)
+    with open(os.path.join(spec["out_dir"], f"rank{args.rank}.json"), "w") as f:
+        json.dump(result, f)
+    faulthandler.cancel_dump_traceback_later()
+
+
+if __name__ == "__main__":
+    main()
