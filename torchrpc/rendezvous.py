@@ -10,6 +10,7 @@ import datetime
 import os
 import re
 import socket
+import time
 import urllib.parse
 
 import torch.distributed as dist
@@ -39,12 +40,31 @@ def host_id():
     return native().local_host_id()
 
 
-def _master_host(init_method):
+def _store_address(init_method):
+    """(host, port) of the TCPStore that rank 0 hosts; (None, None) for file://."""
     if init_method.startswith("tcp://"):
-        return urllib.parse.urlparse(init_method).hostname
+        url = urllib.parse.urlparse(init_method)
+        return url.hostname, url.port
     if init_method.startswith("env://"):
-        return os.environ.get("MASTER_ADDR")
-    return None
+        port = os.environ.get("MASTER_PORT")
+        return os.environ.get("MASTER_ADDR"), int(port) if port else None
+    return None, None
+
+
+def _wait_for_store_host(init_method, timeout):
+    """Waits until rank 0's store accepts connections. A TCPStore client that
+    comes first backs off for up to a second between attempts; polling here
+    every few ms makes a job whose ranks start together join in milliseconds."""
+    address = _store_address(init_method)
+    if not address[0] or not address[1]:
+        return
+    deadline = time.monotonic() + (timeout or 1e6)
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(address, timeout=1.0).close()
+            return
+        except OSError:
+            time.sleep(0.005)
 
 
 def listen_host(init_method):
@@ -54,7 +74,7 @@ def listen_host(init_method):
     override = os.environ.get("TORCHRPC_LISTEN_ADDR")
     if override:
         return override
-    master = _master_host(init_method)
+    master = _store_address(init_method)[0]
     if not master or master in ("localhost",) or master.startswith("127.") or master == "::1":
         return "127.0.0.1"
     try:
@@ -89,6 +109,8 @@ def open_store(options, rank, world_size):
         raise ValueError("init_rpc needs world_size= >= 1 (or WORLD_SIZE in the environment with env://)")
     if rank >= world_size:
         raise ValueError(f"init_rpc(rank={rank}) must be smaller than world_size={world_size}")
+    if rank != 0:
+        _wait_for_store_host(method, options.init_timeout)
     store, _, _ = next(dist.rendezvous(method, rank, world_size, timeout=timeout))
     store.set_timeout(timeout)
     return store, rank, world_size

@@ -311,3 +311,11 @@ class Shards(torch.nn.Module):
 
 def load_and_run(path, x):
     return torch.jit.load(path)(x)
+
+
+def call_many(to, n, iterations):
+    """n back-to-back rpc_sync of busy(iterations) to `to`; returns calls/s."""
+    started = time.perf_counter()
+    for _ in range(n):
+        rpc.rpc_sync(to, busy, args=(iterations,))
+    return n / (time.perf_counter() - started)

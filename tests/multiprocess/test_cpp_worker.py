@@ -21,7 +21,7 @@ def job(tmp_path_factory):
     binary = build.build()
     model = str(tmp_path_factory.mktemp("model") / "shards.pt")
     torch.jit.script(funcs.Shards(["worker0", "worker1"])).save(model)
-    cpp = {2: lambda port: [binary, "worker2", "2", "3", "127.0.0.1", str(port), model]}
+    cpp = {2: lambda port: [binary, "worker2", "2", "3", "127.0.0.1", str(port), model, "--try"]}
     with Cluster(3, programs=cpp) as c:
         yield c
 
