@@ -9,6 +9,9 @@ and a plain Python twin doing the same work.
 import warnings
 
 import torch
+import torch.distributed.rpc as torch_rpc
+
+import torchrpc
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script is deprecated in 2.13
@@ -35,6 +38,24 @@ with warnings.catch_warnings():
         for _ in range(iters):
             x = x * 0.999 + 0.001
         return iters
+
+
+    # RPC issued from inside TorchScript, one twin per library: the caller
+    # runs these locally; each waits for one tiny_script call on `to`.
+    @torch.jit.script
+    def torch_script_caller(to: str, x: torch.Tensor) -> torch.Tensor:
+        """torch.distributed.rpc's spelling (its compiler special-cases it)."""
+        return torch_rpc.rpc_async(to, tiny_script, (x,)).wait()
+
+    @torch.jit.script
+    def torchrpc_script_caller(to: str, x: torch.Tensor) -> torch.Tensor:
+        """torchrpc's spelling: the callee by its registered name."""
+        out = torchrpc.rpc_async(to, "bench.tiny_script", args=(x,)).wait()
+        assert isinstance(out, torch.Tensor)
+        return out
+
+
+torchrpc.register("bench.tiny_script", tiny_script)
 
 
 def tiny_python(x):

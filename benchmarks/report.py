@@ -69,6 +69,17 @@ def _rows():
     for size, label in ((KB, "1 KB"), (MB, "1 MB"), (16 * MB, "16 MB"), (64 * MB, "64 MB")):
         rows.append(Row(f"send.{size}", f"tensor send {label}", "MB/s", True,
                         lambda r, s=size: r["main"]["send"][str(s)]["mb_per_s"]))
+    rows.append(Row("script_caller.eager", "rpc_async().wait() from eager Python", "us", False,
+                    lambda r: r["main"]["script_caller"]["eager"]["median"]))
+    rows.append(Row("script_caller.from_script", "rpc_async().wait() from inside TorchScript", "us", False,
+                    lambda r: r["main"]["script_caller"]["from_script"]["median"]))
+    rows.append(Row("script_caller.gap", "from TorchScript / from eager", "x", False,
+                    lambda r: r["main"]["script_caller"]["from_script"]["median"]
+                    / r["main"]["script_caller"]["eager"]["median"]))
+    rows.append(Row("unseen.first", "unseen script fn: first call (ships code)", "ms", False,
+                    lambda r: r["main"]["unseen"]["first_ms"]))
+    rows.append(Row("unseen.later", "unseen script fn: later calls", "us", False,
+                    lambda r: r["main"]["unseen"]["later_us"]))
     rows.append(Row("idle.callee", "idle CPU, callee", "pct", False, lambda r: r["main"]["idle"]["callee_pct"]))
     rows.append(Row("idle.caller", "idle CPU, caller", "pct", False, lambda r: r["main"]["idle"]["caller_pct"]))
     for world in (2, 4):
@@ -101,6 +112,7 @@ TARGETS = [
     Target("idle.callee", "< 1% of a core", lambda t, o, ratio, floor: o < 1),
     Target("idle.caller", "< 1% of a core", lambda t, o, ratio, floor: o < 1),
     Target("init.4", "< 100 ms", lambda t, o, ratio, floor: o < 100),
+    Target("script_caller.gap", "<= 1x (no Python between)", lambda t, o, ratio, floor: o <= 1.0),
 ]
 
 

@@ -98,6 +98,61 @@ def tensor_send(rpc, to, cfg):
     return out
 
 
+def script_caller(backend, to, cfg):
+    """rpc_async(...).wait() of tiny_script issued from inside a TorchScript
+    function, against the same call from eager Python.
+
+    Returns:
+        {"eager": summary µs, "from_script": summary µs}.
+    """
+    rpc, x = backend.rpc, torch.ones(2)
+    caller = remote_fns.torchrpc_script_caller if backend.name == "torchrpc" else remote_fns.torch_script_caller
+    n, warmup = cfg["latency_samples"], cfg["latency_warmup"]
+    eager = _measure.time_each(lambda: rpc.rpc_async(to, remote_fns.tiny_script, args=(x,)).wait(), n, warmup)
+    scripted = _measure.time_each(lambda: caller(to, x), n, warmup)
+    return {"eager": _measure.summarize([s * 1e6 for s in eager]),
+            "from_script": _measure.summarize([s * 1e6 for s in scripted])}
+
+
+_UNSEEN_SOURCE = """
+import torch
+
+@torch.jit.script
+def unseen(x: torch.Tensor) -> torch.Tensor:
+    return x * {k} + 1
+"""
+
+
+def unseen_script_function(rpc, to, cfg):
+    """torchrpc only: the first call of a TorchScript function the callee has
+    never seen (its code is shipped and compiled there) against later calls.
+    Each repetition makes a new function (new code, new hash) in a module
+    only this process can import.
+
+    Returns:
+        {"first_ms": median of first calls, "later_us": median of later calls}.
+    """
+    import importlib.util
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="torchrpc-bench-")
+    x = torch.ones(2)
+    first, later = [], []
+    for k in range(cfg["unseen_reps"]):
+        path = os.path.join(folder, f"unseen_{k}.py")
+        with open(path, "w") as f:
+            f.write(_UNSEEN_SOURCE.format(k=k + 2))
+        spec = importlib.util.spec_from_file_location(f"torchrpc_bench_unseen_{k}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        fn = module.unseen
+        start = time.perf_counter()
+        rpc.rpc_sync(to, fn, args=(x,))
+        first.append(time.perf_counter() - start)
+        later += _measure.time_each(lambda: rpc.rpc_sync(to, fn, args=(x,)), 50, 5)
+    return {"first_ms": statistics.median(first) * 1e3, "later_us": statistics.median(later) * 1e6}
+
+
 def cpu_bound(rpc, to, control, index, callers, cfg):
     """Scaling of a CPU-bound callee (a few ms per call) from 1 to `callers`
     concurrent callers, each a separate process calling rpc_sync back to back.

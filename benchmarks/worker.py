@@ -52,6 +52,9 @@ def job_main(backend, control, rank, spec):
     result["latency_us"] = scenarios.latency(rpc, CALLEE, cfg)
     result["throughput"] = scenarios.throughput(rpc, CALLEE, cfg)
     result["send"] = scenarios.tensor_send(rpc, CALLEE, cfg)
+    result["script_caller"] = scenarios.script_caller(backend, CALLEE, cfg)
+    if backend.name == "torchrpc":  # torch.distributed.rpc cannot run code the callee lacks
+        result["unseen"] = scenarios.unseen_script_function(rpc, CALLEE, cfg)
     rpc.shutdown()
     return result
 
