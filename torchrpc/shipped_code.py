@@ -33,6 +33,8 @@ def _code_of(fn):
 def reference(fn, rank):
     """What a call of fn on `rank` carries: None (call by name) until that
     callee once lacked fn, then (format, sha1, None)."""
+    if not _shipped_to:  # the common case: no callee ever lacked a function
+        return None
     with _lock:
         if rank not in _shipped_to.get(fn, ()):
             return None
