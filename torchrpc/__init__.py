@@ -9,6 +9,7 @@ from torchrpc.api import (
     get_worker_info,
     init_rpc,
     register,
+    remote,
     rpc_async,
     rpc_sync,
     shutdown,
@@ -22,12 +23,14 @@ from torchrpc.errors import (
     ShutdownError,
 )
 from torchrpc.options import RpcOptions
+from torchrpc.rref import RRef
 
 #: Accepted for code written for torch.distributed.rpc.
 TensorPipeRpcBackendOptions = RpcOptions
 
 __all__ = [
     "NotInitializedError",
+    "RRef",
     "PeerUnreachableError",
     "RemoteError",
     "RpcError",
@@ -39,6 +42,7 @@ __all__ = [
     "get_worker_info",
     "init_rpc",
     "register",
+    "remote",
     "rpc_async",
     "rpc_sync",
     "shutdown",
