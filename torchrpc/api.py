@@ -357,7 +357,10 @@ class _Invocation:
             try:
                 value, again = self._outcome()
             except BaseException as exc:
-                fut.set_exception(exc)
+                # Without this frame's traceback: it references `fut`, which
+                # holds exc in C++ where gc cannot see the cycle, and it would
+                # keep the call's arguments (RRefs too) alive forever.
+                fut.set_exception(exc.with_traceback(None))
                 return
             if again is not None:
                 again._complete(fut)
