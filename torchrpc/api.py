@@ -154,6 +154,9 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
             agent.set_python_handler(python_fallback.handle_call)
             agent.set_script_resolver(python_fallback.resolve_script)
             rref_ctx = C.RRefContext(agent, python_fallback.handle_remote, python_fallback.encode_value)
+            # Nobody calls anybody before every worker has its peer table and
+            # handlers: a HELLO that came before set_peers() was rejected.
+            rdv.barrier("init", options.init_timeout)
             for fn, explicit in _explicit_names.items():
                 agent.register_script(explicit, fn)
         except BaseException:
