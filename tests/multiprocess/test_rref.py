@@ -361,3 +361,26 @@ def test_tensors_that_require_grad():
     assert local.to_here() is x and x.requires_grad
     script = rpc.remote("worker2", funcs.add, args=(x, x))
     assert torch.equal(script.to_here().detach(), torch.full((2,), 2.0))
+
+
+# ---- no GIL on the owner for script and builtin values ------------------------------
+
+def test_remote_script_and_to_here_need_no_gil_on_the_owner():
+    import time
+
+    hold = 3.0
+    rpc.remote("worker2", funcs.add, args=(torch.ones(1), torch.ones(1))).to_here()  # name lookup, once
+    rpc.rpc_sync("worker2", funcs.hold_gil_on_main, args=(hold,))
+    time.sleep(0.5)  # let worker2's main thread take the GIL
+    started = time.time()
+    for _ in range(10):
+        a = rpc.remote("worker2", funcs.add, args=(torch.ones(2), torch.ones(2)))
+        b = rpc.remote("worker2", torch.mul, args=(torch.ones(2), 3))
+        assert torch.equal(a.to_here(timeout=10), torch.full((2,), 2.0))
+        assert torch.equal(b.to_here(timeout=10), torch.full((2,), 3.0))
+    finished = time.time()
+    rpc.rpc_sync("worker2", funcs.pid, timeout=10)  # a Python call: waits for the hold to end
+    start, end = rpc.rpc_sync("worker2", funcs.hold_window)
+    assert start <= started and finished <= end, (
+        f"remote()/to_here ran from {started:.3f} to {finished:.3f}; "
+        f"worker2 held the GIL from {start:.3f} to {end:.3f}")
