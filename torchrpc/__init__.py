@@ -30,8 +30,8 @@ TensorPipeRpcBackendOptions = RpcOptions
 
 __all__ = [
     "NotInitializedError",
-    "RRef",
     "PeerUnreachableError",
+    "RRef",
     "RemoteError",
     "RpcError",
     "RpcOptions",
