@@ -16,6 +16,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -123,6 +124,14 @@ class UserRRef final : public RRef {
   // reports this instead of asking the owner.
   void setCreationError(int kind, std::string message);
   std::optional<std::pair<int, std::string>> creationError() const;
+  // remote()'s deadline: a fetch sent before the owner confirmed waits no
+  // longer than this (so remote(timeout=...) bounds an early to_here too).
+  void setCreationDeadline(std::chrono::steady_clock::time_point deadline) {
+    creationDeadline_ = deadline;
+  }
+  std::optional<std::chrono::steady_clock::time_point> creationDeadline() const {
+    return creationDeadline_;
+  }
 
  private:
   const ForkId forkId_;
@@ -130,6 +139,7 @@ class UserRRef final : public RRef {
   std::atomic<bool> deleted_{false};
   mutable std::mutex mutex_;
   std::optional<std::pair<int, std::string>> creationError_;
+  std::optional<std::chrono::steady_clock::time_point> creationDeadline_;  // set before sharing
 };
 
 }  // namespace torchrpc::rref

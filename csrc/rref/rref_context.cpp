@@ -220,6 +220,11 @@ std::shared_ptr<RRef> RRefContext::remote(int dst, Message&& call, double timeou
   }
   const ForkId forkId = newId();
   auto user = std::make_shared<UserRRef>(weak_from_this(), dst, rrefId, forkId, false);
+  if (timeoutSeconds > 0) {
+    user->setCreationDeadline(std::chrono::steady_clock::now() +
+                              std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                  std::chrono::duration<double>(timeoutSeconds)));
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     users_[forkId] = user;
@@ -265,9 +270,15 @@ void RRefContext::handleRemoteCall(Message&& request, int callerRank, Agent::Res
   }
   TORCH_CHECK(!owner->value()->completed(), "RRef ", rrefId.str(), " was already created on ",
               workerName());
-  std::weak_ptr<RRefContext> weak = shared_from_this();
-  runCreation(owner, std::move(call), callerRank, [weak, rrefId, id, respond] {
-    if (auto self = weak.lock()) {
+  {
+    // A value being created counts as protocol work in flight (waitIdle,
+    // graceful shutdown), also after its caller stopped waiting.
+    std::lock_guard<std::mutex> lock(idleMutex_);
+    ++inFlight_;
+  }
+  auto self = shared_from_this();
+  runCreation(owner, std::move(call), callerRank, [self, rrefId, id, respond] {
+    {
       std::shared_ptr<OwnerRRef> drop;
       {
         std::lock_guard<std::mutex> lock(self->mutex_);
@@ -277,6 +288,8 @@ void RRefContext::handleRemoteCall(Message&& request, int callerRank, Agent::Res
       }
     }
     respond(ackMessage(id));
+    std::lock_guard<std::mutex> lock(self->idleMutex_);
+    if (--self->inFlight_ == 0) self->idleCv_.notify_all();
   });
 }
 
@@ -284,6 +297,12 @@ void RRefContext::handleRemoteCall(Message&& request, int callerRank, Agent::Res
 
 RRefContext::FuturePtr RRefContext::fetch(const std::shared_ptr<UserRRef>& rref,
                                           double timeoutSeconds) {
+  if (!rref->confirmed()) {
+    if (auto deadline = rref->creationDeadline()) {
+      double left = std::chrono::duration<double>(*deadline - std::chrono::steady_clock::now()).count();
+      if (timeoutSeconds <= 0 || left < timeoutSeconds) timeoutSeconds = std::max(left, 1e-3);
+    }
+  }
   return agent_->send(rref->owner(), idsMessage(MessageType::kRRefFetch, rref->id()),
                       timeoutSeconds, "to_here", "RRef " + rref->id().str());
 }

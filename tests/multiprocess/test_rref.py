@@ -384,3 +384,20 @@ def test_remote_script_and_to_here_need_no_gil_on_the_owner():
     assert start <= started and finished <= end, (
         f"remote()/to_here ran from {started:.3f} to {finished:.3f}; "
         f"worker2 held the GIL from {start:.3f} to {end:.3f}")
+
+
+# ---- timeouts --------------------------------------------------------------------------
+
+def test_remote_timeout_surfaces_on_to_here():
+    rref = rpc.remote("worker1", funcs.sleep, args=(1.0,), timeout=0.2)
+    with pytest.raises(rpc.RpcTimeoutError, match="worker1"):
+        rref.to_here()
+    assert rpc.rref._wait_idle(10.0) == 0
+    assert rref.confirmed_by_owner()  # released normally once dropped (leak check below)
+
+
+def test_to_here_timeout_while_the_value_is_being_created():
+    rref = rpc.remote("worker2", funcs.sleep, args=(1.0,), timeout=0)
+    with pytest.raises(rpc.RpcTimeoutError, match="worker2"):
+        rref.to_here(timeout=0.2)
+    assert rref.to_here(timeout=10) == 1.0
