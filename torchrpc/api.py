@@ -396,6 +396,22 @@ def _invoke(call_kind, to, func, args, kwargs, timeout):
         kwargs = {}
     elif not isinstance(kwargs, dict):
         raise TypeError(f"{call_kind}(kwargs=...) expects a dict; got {type(kwargs).__name__}")
+    try:
+        return _send(call_kind, dst, func, args, kwargs, seconds)
+    except TypeError as err:
+        # Checked only after a failure, so the hot path pays nothing.
+        if not isinstance(func, torch.jit.ScriptFunction) and _builtin_name(func) is None:
+            raise
+        if any(type(a) is _rref.RRef for a in (*args, *kwargs.values())):
+            raise TypeError(
+                f"{call_kind}: RRef arguments are supported for Python callables only; TorchScript "
+                "functions and builtin operators cannot take an RRef yet. Pass rref.to_here(), or "
+                "call a Python function that uses the RRef."
+            ) from err
+        raise
+
+
+def _send(call_kind, dst, func, args, kwargs, seconds):
     agent = _state.agent
     remote = call_kind == "remote"
     if isinstance(func, torch.jit.ScriptFunction):

@@ -336,6 +336,14 @@ def test_creation_error_on_self():
         rref.to_here()
 
 
+def test_rref_arguments_of_script_functions_are_refused_clearly():
+    rref = rpc.RRef(torch.ones(1))
+    with pytest.raises(TypeError, match="RRef arguments are supported for Python callables only"):
+        rpc.rpc_sync("worker1", funcs.add, args=(rref, torch.ones(1)))
+    with pytest.raises(TypeError, match="RRef arguments"):
+        rpc.remote("worker1", torch.add, args=(rref, 1))
+
+
 def test_missing_method_on_the_proxy():
     obj = rpc.remote("worker1", funcs.Counter, args=(1,))
     with pytest.raises(AttributeError, match="no_such_method"):
