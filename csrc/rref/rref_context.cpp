@@ -497,13 +497,24 @@ void RRefContext::userReleased(UserRRef& user) {
     if (stopped_) return;
   }
   if (!user.confirmed() || !user.markDeleted()) return;
-  try {
-    sendTracked(user.owner(), idsMessage(MessageType::kRRefUserDelete, user.id(), user.forkId()),
-                kProtocolTimeoutSeconds, "rref", "USER_DELETE", nullptr);
-  } catch (const std::exception& e) {
-    TORCHRPC_WARN(workerName(), "cannot send USER_DELETE of RRef " << user.id().str() << ": "
-                                                                   << e.what());
+  // Sent from the pool: the last handle often dies in Python, with the GIL
+  // held, and sending may block (connecting, backpressure).
+  {
+    std::lock_guard<std::mutex> lock(idleMutex_);
+    ++inFlight_;  // counted from now, so waitIdle() cannot miss it
   }
+  auto self = shared_from_this();
+  agent_->pool().run([self, owner = user.owner(), rrefId = user.id(), forkId = user.forkId()] {
+    try {
+      self->sendTracked(owner, idsMessage(MessageType::kRRefUserDelete, rrefId, forkId),
+                        kProtocolTimeoutSeconds, "rref", "USER_DELETE", nullptr);
+    } catch (const std::exception& e) {
+      TORCHRPC_WARN(self->workerName(), "cannot send USER_DELETE of RRef " << rrefId.str() << ": "
+                                                                         << e.what());
+    }
+    std::lock_guard<std::mutex> lock(self->idleMutex_);
+    if (--self->inFlight_ == 0) self->idleCv_.notify_all();
+  });
 }
 
 // ---- sending -------------------------------------------------------------------------
