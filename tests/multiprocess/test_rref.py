@@ -198,6 +198,17 @@ def test_rrefs_inside_containers_and_kwargs():
     assert out == [3, "local", 3]
 
 
+def test_rref_next_to_a_lambda_is_forked_once():
+    # Pickling falls back to cloudpickle for the lambda: the first attempt's
+    # fork of the RRef is undone (the per-test leak check would catch it).
+    rref = rpc.remote("worker1", funcs.py_add, args=(1, 2))
+    back, fn = rpc.rpc_sync("worker2", funcs.echo, args=(rref, lambda: 7))
+    assert fn() == 7 and back.to_here() == 3
+    owned = rpc.RRef("mine")
+    back, fn = rpc.rpc_sync("worker2", funcs.echo, args=(owned, lambda: 8))
+    assert fn() == 8 and back.is_owner()
+
+
 def test_rref_as_result():
     rref = rpc.rpc_sync("worker1", funcs.make_rref, args=(torch.ones(2),))
     assert rref.owner_name() == "worker1" and not rref.is_owner()
