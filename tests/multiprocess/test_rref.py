@@ -282,6 +282,22 @@ def test_fork_then_drop_before_confirmation():
     assert not any(rpc.rpc_sync("worker1", funcs.tracked_alive, args=(n,)) for n in names)
 
 
+def test_confirmed_user_forks_then_drops_at_once():
+    # As above, with worker0's own RRef already confirmed: its USER_DELETE
+    # would otherwise go out at once and race worker2's FORK_REQUEST.
+    names = [unique("race2") for _ in range(20)]
+    rrefs = [rpc.remote("worker1", funcs.Tracked, args=(name, i)) for i, name in enumerate(names)]
+    assert rpc.rref._wait_idle(10.0) == 0 and all(r.confirmed_by_owner() for r in rrefs)
+    futures = []
+    for name in names:
+        futures.append(rpc.rpc_async("worker2", funcs.store_rref, args=(name, rrefs.pop(0))))
+        gc.collect()
+    torch.futures.wait_all(futures)
+    for i, name in enumerate(names):
+        got = rpc.rpc_sync("worker2", funcs.stored_to_here, args=(name,), timeout=10)
+        assert got.payload == i
+
+
 def test_user_forks_to_user_and_drops_at_once():
     # a user -> user fork whose parent drops its copy right after sending
     name = unique("u2u")
