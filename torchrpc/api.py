@@ -435,13 +435,17 @@ def _send(call_kind, dst, func, args, kwargs, seconds):
         payload, tensors, name = python_fallback.encode_call(func, dst.id, args, kwargs, force_full=True)
         return _rref.RRef._wrap(_state.rref_ctx.remote_python(dst.id, payload, tensors, seconds, name))
 
-    def send(force_full=False):
-        payload, tensors, name = python_fallback.encode_call(func, dst.id, args, kwargs, force_full)
-        call = agent.python_call(dst.id, payload, tensors, seconds, call_kind, name)
-        return _Invocation(call, python_fallback.decode_result,
-                           None if force_full else (lambda: send(force_full=True)))
+    return _python_call(call_kind, dst, func, args, kwargs, seconds)
 
-    return send()
+
+def _python_call(call_kind, dst, func, args, kwargs, seconds, force_full=False):
+    # A plain function, not a closure that refers to itself: such a cycle would
+    # keep the arguments (tensors, RRefs) alive until the garbage collector ran.
+    payload, tensors, name = python_fallback.encode_call(func, dst.id, args, kwargs, force_full)
+    call = _state.agent.python_call(dst.id, payload, tensors, seconds, call_kind, name)
+    resend = None if force_full else functools.partial(
+        _python_call, call_kind, dst, func, args, kwargs, seconds, True)
+    return _Invocation(call, python_fallback.decode_result, resend)
 
 
 @_require_initialized

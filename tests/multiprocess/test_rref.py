@@ -436,3 +436,19 @@ def test_to_here_timeout_while_the_value_is_being_created():
     with pytest.raises(rpc.RpcTimeoutError, match="worker2"):
         rref.to_here(timeout=0.2)
     assert rref.to_here(timeout=10) == 1.0
+
+
+def test_call_arguments_are_released_without_the_garbage_collector():
+    # RRef lifetimes follow Python references: a call must not keep its
+    # arguments in a reference cycle that only gc would free.
+    import weakref
+
+    gc.disable()
+    try:
+        x = torch.ones(4)
+        alive = weakref.ref(x)
+        assert torch.equal(rpc.rpc_sync("worker1", funcs.py_add, args=(x, x)), 2 * torch.ones(4))
+        del x
+        assert alive() is None
+    finally:
+        gc.enable()
