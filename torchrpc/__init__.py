@@ -10,6 +10,7 @@ from torchrpc.api import (
     get_worker_info,
     init_rpc,
     register,
+    remote,
     rpc_async,
     rpc_sync,
     shutdown,
@@ -24,6 +25,7 @@ from torchrpc.errors import (
     UnknownFunctionError,
 )
 from torchrpc.options import RpcOptions
+from torchrpc.rref import RRef
 
 #: Accepted for code written for torch.distributed.rpc.
 TensorPipeRpcBackendOptions = RpcOptions
@@ -31,6 +33,7 @@ TensorPipeRpcBackendOptions = RpcOptions
 __all__ = [
     "NotInitializedError",
     "PeerUnreachableError",
+    "RRef",
     "RemoteError",
     "RpcError",
     "RpcOptions",
@@ -43,6 +46,7 @@ __all__ = [
     "get_worker_info",
     "init_rpc",
     "register",
+    "remote",
     "rpc_async",
     "rpc_sync",
     "shutdown",

@@ -1,4 +1,4 @@
-"""The RPC API: init_rpc, shutdown, rpc_sync, rpc_async, get_worker_info.
+"""The RPC API: init_rpc, shutdown, rpc_sync, rpc_async, remote, get_worker_info.
 
 Every process of a job calls :func:`init_rpc` with a unique name and rank;
 then any worker can call functions on any other::
@@ -27,10 +27,13 @@ import atexit
 import functools
 import numbers
 import threading
+import time
+import warnings
 
 import torch
 
 from torchrpc import constants, errors, python_fallback, rendezvous, shipped_code
+from torchrpc import rref as _rref
 from torchrpc._extension import native
 from torchrpc.options import RpcOptions
 
@@ -75,8 +78,9 @@ class WorkerInfo:
 class _State:
     """What init_rpc set up in this process."""
 
-    def __init__(self, agent, me, workers, options, rdv, addresses):
+    def __init__(self, agent, rref_ctx, me, workers, options, rdv, addresses):
         self.agent = agent
+        self.rref_ctx = rref_ctx  # the RRef protocol (csrc/rref)
         self.callbacks = native().CallbackRunner()  # runs rpc_async completions
         self.addresses = addresses  # (tcp, unix) this worker listens on
         self.me = me
@@ -148,6 +152,7 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
             agent.set_peers(records)
             agent.set_python_handler(python_fallback.handle_call)
             agent.set_script_resolver(python_fallback.resolve_script)
+            rref_ctx = C.RRefContext(agent, python_fallback.handle_remote, python_fallback.encode_value)
             for fn, explicit in _explicit_names.items():
                 agent.register_script(explicit, fn)
             agent.start_serving()
@@ -156,7 +161,7 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
             agent.shutdown()
             raise
         workers = [WorkerInfo(r[0], r[1]) for r in records]
-        _state = _State(agent, workers[rank], workers, options, rdv, (tcp, unix))
+        _state = _State(agent, rref_ctx, workers[rank], workers, options, rdv, (tcp, unix))
 
 
 def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):
@@ -180,6 +185,7 @@ def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):
             return
         _state = None
     failure = None
+    leaked = []
     try:
         if graceful:
             left = state.agent.wait_pending(timeout)
@@ -190,6 +196,9 @@ def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):
             else:
                 try:
                     state.rendezvous.barrier("shutdown", timeout)
+                    failure = _release_rrefs(state, timeout)
+                    state.rendezvous.barrier("rref-shutdown", timeout)
+                    leaked = [o for o in state.rref_ctx.snapshot()["owners"] if o[1]]
                 except Exception as err:
                     failure = errors.RpcTimeoutError(
                         f"shutdown on {state.me.name}: not every worker reached shutdown within "
@@ -197,11 +206,37 @@ def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):
                     )
     finally:
         state.agent.shutdown()
+        state.rref_ctx.stop()
         state.callbacks.stop()  # runs the completions of the calls shutdown failed
         python_fallback.forget_sent()
         shipped_code.forget()
     if failure is not None:
         raise failure
+    if leaked:
+        warnings.warn(
+            f"shutdown on {state.me.name}: {len(leaked)} owner RRef(s) still had users after every "
+            f"worker released its RRefs (leaked): "
+            + ", ".join(f"{rid} forks={forks}" for rid, forks, *_ in leaked[:10]),
+            ResourceWarning,
+            stacklevel=2,
+        )
+
+
+def _release_rrefs(state, timeout):
+    """Graceful shutdown, after every worker finished its calls: releases this
+    worker's user RRefs (USER_DELETE to their owners) and waits until the
+    owners acknowledged. Returns an error, or None."""
+    deadline = time.monotonic() + timeout
+    for _ in range(2):  # a second pass for users confirmed during the first
+        state.rref_ctx.release_all_users()
+        left = state.rref_ctx.wait_idle(max(0.0, deadline - time.monotonic()))
+        pending = state.agent.wait_pending(max(0.0, deadline - time.monotonic()))
+        if left or pending:
+            return errors.RpcTimeoutError(
+                f"shutdown on {state.me.name}: {left} RRef protocol message(s) and {pending} "
+                f"call(s) still unanswered after {timeout} s"
+            )
+    return None
 
 
 @atexit.register
@@ -314,7 +349,10 @@ class _Invocation:
             try:
                 value, again = self._outcome()
             except BaseException as exc:
-                fut.set_exception(exc)
+                # Without this frame's traceback: it references `fut`, which
+                # holds exc in C++ where gc cannot see the cycle, and it would
+                # keep the call's arguments (RRefs too) alive forever.
+                fut.set_exception(exc.with_traceback(None))
                 return
             if again is not None:
                 again._complete(fut)
@@ -347,34 +385,70 @@ def _invoke(call_kind, to, func, args, kwargs, timeout):
         kwargs = {}
     elif not isinstance(kwargs, dict):
         raise TypeError(f"{call_kind}(kwargs=...) expects a dict; got {type(kwargs).__name__}")
+    try:
+        return _send(call_kind, dst, func, args, kwargs, seconds)
+    except TypeError as err:
+        # Checked only after a failure, so the hot path pays nothing.
+        if not isinstance(func, torch.jit.ScriptFunction) and _builtin_name(func) is None:
+            raise
+        if any(type(a) is _rref.RRef for a in (*args, *kwargs.values())):
+            raise TypeError(
+                f"{call_kind}: RRef arguments are supported for Python callables only; TorchScript "
+                "functions and builtin operators cannot take an RRef yet. Pass rref.to_here(), or "
+                "call a Python function that uses the RRef."
+            ) from err
+        raise
+
+
+def _send(call_kind, dst, func, args, kwargs, seconds):
     agent = _state.agent
+    remote = call_kind == "remote"
     if isinstance(func, str):  # a TorchScript function by the name the callee knows
+        if remote:
+            raise TypeError("remote(func=...) by name is not supported yet; pass the function itself")
         call = agent.named_call(dst.name, func, tuple(args), kwargs, seconds, call_kind)
         return _Invocation(call, _identity)
     if isinstance(func, torch.jit.ScriptFunction):
         name, module = _script_name(func)
-
-        def send_script(shipped):
-            call = agent.script_call(dst.id, name, module, func, tuple(args), kwargs, seconds, call_kind, shipped)
-            with_code = shipped is not None and shipped[2] is not None
-            return _Invocation(call, _identity,
-                               None if with_code else lambda: send_script(shipped_code.with_code(func, dst.id)))
-
-        return send_script(shipped_code.reference(func, dst.id))
+        if remote:
+            return _rref.RRef._wrap(
+                _state.rref_ctx.remote_script(dst.id, name, module, func, tuple(args), kwargs, seconds))
+        return _script_call(call_kind, dst, func, name, module, args, kwargs, seconds)
     builtin = _builtin_name(func) if callable(func) else None
     if builtin is not None:
+        if remote:
+            return _rref.RRef._wrap(
+                _state.rref_ctx.remote_builtin(dst.id, builtin, tuple(args), kwargs, seconds))
         call = agent.builtin_call(dst.id, builtin, tuple(args), kwargs, seconds, call_kind)
         return _Invocation(call, _identity)
     if not callable(func):
         raise TypeError(f"{call_kind}(func=...) expects a callable; got {type(func).__name__}")
+    if remote:
+        # Always the whole function: the owner keeps no resend path for remote().
+        payload, tensors, name = python_fallback.encode_call(func, dst.id, args, kwargs, force_full=True)
+        return _rref.RRef._wrap(_state.rref_ctx.remote_python(dst.id, payload, tensors, seconds, name))
 
-    def send(force_full=False):
-        payload, tensors, name = python_fallback.encode_call(func, dst.id, args, kwargs, force_full)
-        call = agent.python_call(dst.id, payload, tensors, seconds, call_kind, name)
-        return _Invocation(call, python_fallback.decode_result,
-                           None if force_full else (lambda: send(force_full=True)))
+    return _python_call(call_kind, dst, func, args, kwargs, seconds)
 
-    return send()
+
+def _script_call(call_kind, dst, func, name, module, args, kwargs, seconds, ship_code=False):
+    # Resent once with the function's code if the callee does not have it
+    # (a plain function, like _python_call, so no cycle keeps the arguments).
+    shipped = shipped_code.with_code(func, dst.id) if ship_code else shipped_code.reference(func, dst.id)
+    call = _state.agent.script_call(dst.id, name, module, func, tuple(args), kwargs, seconds, call_kind, shipped)
+    resend = None if ship_code else functools.partial(
+        _script_call, call_kind, dst, func, name, module, args, kwargs, seconds, True)
+    return _Invocation(call, _identity, resend)
+
+
+def _python_call(call_kind, dst, func, args, kwargs, seconds, force_full=False):
+    # A plain function, not a closure that refers to itself: such a cycle would
+    # keep the arguments (tensors, RRefs) alive until the garbage collector ran.
+    payload, tensors, name = python_fallback.encode_call(func, dst.id, args, kwargs, force_full)
+    call = _state.agent.python_call(dst.id, payload, tensors, seconds, call_kind, name)
+    resend = None if force_full else functools.partial(
+        _python_call, call_kind, dst, func, args, kwargs, seconds, True)
+    return _Invocation(call, python_fallback.decode_result, resend)
 
 
 @_require_initialized
@@ -433,6 +507,43 @@ def rpc_async(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIME
     return _invoke("rpc_async", to, func, args, kwargs, timeout).future()
 
 
+@_require_initialized
+def remote(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIMEOUT):
+    """Runs ``func(*args, **kwargs)`` on worker `to`, which keeps the result;
+    returns an :class:`RRef` to it at once.
+
+    The owner `to` creates the value asynchronously: a ``@torch.jit.script``
+    function or builtin runs in its C++ thread pool without the GIL; any other
+    callable (a class too: the RRef then references a remote object) runs
+    under its GIL. Use ``rref.to_here()`` to copy the value, or
+    ``rref.rpc_sync().method(...)`` to call methods of it on the owner.
+
+    Args:
+        to (str or int or WorkerInfo): the owner of the new value.
+        func (callable): what creates the value (see :func:`rpc_sync`).
+        args (tuple): positional arguments (default none).
+        kwargs (dict): keyword arguments (default none).
+        timeout (float): seconds for creating the value; ``0`` means no
+            timeout, ``-1`` (default) uses ``RpcOptions.rpc_timeout``. If it
+            passes, ``to_here()`` raises RpcTimeoutError.
+
+    Returns:
+        RRef: owned by `to` (an owner RRef if `to` is this worker).
+
+    Raises:
+        TypeError, ValueError: bad arguments, unknown worker, unpicklable func.
+        An error raised while creating the value is raised by ``to_here()``
+        and by the proxies, with the owner's name and traceback.
+
+    Example::
+
+        >>> rref = torchrpc.remote("worker1", torch.add, args=(torch.ones(2), 3))
+        >>> rref.to_here()
+        tensor([4., 4.])
+    """
+    return _invoke("remote", to, func, args, kwargs, timeout)
+
+
 def _scriptable(fn, op):
     """Lets TorchScript compile calls of the eager function `fn` to `op`, so
     that code calling torchrpc can be scripted unchanged."""
@@ -482,6 +593,7 @@ def _debug_info():
     """Counters for tests and debugging: pending calls and open connections."""
     if _state is None:
         return {"initialized": False, "pending_requests": 0, "connections": 0}
+    rrefs = _state.rref_ctx.snapshot()
     return {
         "initialized": True,
         "worker": _state.me.name,
@@ -489,4 +601,7 @@ def _debug_info():
         "connections": _state.agent.connection_count(),
         "addresses": _state.addresses,
         "script_functions": sorted(_state.agent.script_names()),
+        "owner_rrefs": len(rrefs["owner_objects"]),
+        "user_rrefs": len(rrefs["users"]),
+        "rref_messages_in_flight": rrefs["in_flight"],
     }

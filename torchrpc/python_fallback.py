@@ -34,6 +34,12 @@ _sent = set()  # (peer rank, hash) pairs the peer has received in full
 _received = {}  # hash -> function (callee side)
 _MAX_RECEIVED = 4096
 
+# Set by torchrpc.rref (which imports this module): the RRef class, and the
+# function that turns fork data back into an RRef on the receiver.
+_rref_type = None
+_rref_receive = None
+_rref_cancel = None  # undoes the forks of a pickle that was not sent
+
 
 # ---- pickling with tensors out of band -------------------------------------
 
@@ -49,6 +55,7 @@ class _Pickler(pickle.Pickler):
     def __init__(self, file, tensors):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._tensors = tensors
+        self._forks = []
 
     def persistent_id(self, obj):
         if type(obj) is torch.Tensor or type(obj) is torch.nn.Parameter:
@@ -56,6 +63,10 @@ class _Pickler(pickle.Pickler):
             return (len(self._tensors) - 1, type(obj) is torch.nn.Parameter, obj.requires_grad)
         if isinstance(obj, torch.jit.ScriptFunction):
             return ("script", *script_reference(obj))  # the receiver resolves it by name
+        if type(obj) is _rref_type:
+            fork = obj._fork()  # the RRef protocol's fork (csrc/rref)
+            self._forks.append(fork)
+            return ("rref", fork)
         return None
 
 
@@ -63,6 +74,7 @@ class _CloudPickler(cloudpickle.CloudPickler):
     def __init__(self, file, tensors):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._tensors = tensors
+        self._forks = []
 
     persistent_id = _Pickler.persistent_id
 
@@ -73,6 +85,8 @@ class _Unpickler(pickle.Unpickler):
         self._tensors = tensors
 
     def persistent_load(self, pid):
+        if pid[0] == "rref":
+            return _rref_receive(pid[1])
         if pid[0] == "script":
             try:
                 fn = resolve_script(pid[1], pid[2])
@@ -96,14 +110,26 @@ def dumps(obj):
     """Pickles obj; returns (bytes, tensors)."""
     tensors = []
     buf = io.BytesIO()
+    pickler = _Pickler(buf, tensors)
     try:
-        _Pickler(buf, tensors).dump(obj)
+        pickler.dump(obj)
     except Exception:
+        _cancel_forks(pickler)
         # Lambdas, closures, local classes: cloudpickle handles them.
         tensors.clear()
         buf = io.BytesIO()
-        _CloudPickler(buf, tensors).dump(obj)
+        pickler = _CloudPickler(buf, tensors)
+        try:
+            pickler.dump(obj)
+        except BaseException:
+            _cancel_forks(pickler)
+            raise
     return buf.getvalue(), tensors
+
+
+def _cancel_forks(pickler):
+    for fork in pickler._forks:
+        _rref_cancel(fork)
 
 
 def loads(data, tensors):
@@ -231,6 +257,38 @@ def _stateless(fn):
 
 def handle_call(payload, tensors, caller_rank):
     """Runs one Python call. Called by the native bridge with the GIL held."""
+    outcome = _run(payload, tensors)
+    if outcome[0] != "ok":
+        return outcome
+    _, result, name, fn = outcome
+    if functions.is_async_execution(fn):
+        if not isinstance(result, torch._C.Future):
+            return _error(TypeError(
+                f"{name!r} is decorated with @torchrpc.functions.async_execution, so it must return a "
+                f"torch.futures.Future; it returned {type(result).__name__}"), name)
+        # The native bridge responds when this completes; no thread waits for it.
+        return ("async", result.then(lambda done: _outcome(done, name)))
+    return encode_value(result, name)
+
+
+def handle_remote(payload, tensors, caller_rank):
+    """Runs the Python call of a remote() on the owner; returns ("ok", value)
+    (the owner keeps the object) or ("err", ...)."""
+    outcome = _run(payload, tensors)
+    return outcome[:2] if outcome[0] == "ok" else outcome
+
+
+def encode_value(value, name="<value>"):
+    """Pickles a result or an RRef's value: ("ok", payload, tensors) or ("err", ...)."""
+    try:
+        out, out_tensors = dumps(value)
+    except BaseException as exc:
+        return _error(TypeError(f"the result of {name!r} cannot be pickled: {exc}"), name)
+    return ("ok", out, out_tensors)
+
+
+def _run(payload, tensors):
+    """Unpickles and runs a call: ("ok", result, name, function) or ("err", ...)."""
     name = "<python call>"
     try:
         digest, data, name, args, kwargs = loads(payload, tensors)
@@ -250,30 +308,16 @@ def handle_call(payload, tensors, caller_rank):
         result = fn(*(args or ()), **(kwargs or {}))
     except BaseException as exc:  # everything the user code raises goes back
         return _error(exc, name)
-    if functions.is_async_execution(fn):
-        if not isinstance(result, torch._C.Future):
-            return _error(TypeError(
-                f"{name!r} is decorated with @torchrpc.functions.async_execution, so it must return a "
-                f"torch.futures.Future; it returned {type(result).__name__}"), name)
-        # The native bridge responds when this completes; no thread waits for it.
-        return ("async", result.then(lambda done: _outcome(done, name)))
-    return _encode_result(result, name)
+    return ("ok", result, name, fn)
 
 
 def _outcome(fut, name):
+    """The outcome tuple of an @async_execution function's future."""
     try:
         result = fut.wait()
     except BaseException as exc:
         return _error(exc, name)
-    return _encode_result(result, name)
-
-
-def _encode_result(result, name):
-    try:
-        out, out_tensors = dumps(result)
-    except BaseException as exc:
-        return _error(TypeError(f"the result of {name!r} cannot be pickled: {exc}"), name)
-    return ("ok", out, out_tensors)
+    return encode_value(result, name)
 
 
 def resolve_script(name, module_hint):

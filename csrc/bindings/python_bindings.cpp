@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <thread>
 
 #include "agent/agent.h"
@@ -18,13 +19,16 @@
 #include "jit_ops/rpc_ops.h"
 #include "message/wire.h"
 #include "python_fallback/callback_runner.h"
+#include "python_fallback/python_rref.h"
 #include "python_fallback/run_python.h"
 #include "rendezvous/rendezvous.h"
+#include "rref/rref_context.h"
 #include "script_dispatch/run_script.h"
 #include "worker/worker.h"
 
 namespace py = pybind11;
 using torchrpc::Agent;
+namespace rref = torchrpc::rref;
 
 namespace {
 
@@ -94,6 +98,83 @@ Call translated(F&& send) {
   } catch (const c10::Error& e) {
     throw py::value_error(e.what_without_backtrace());
   }
+}
+
+// The first overload of builtin `opName` that accepts the arguments, as a
+// BUILTIN_CALL message; sets *full to its schema name.
+torchrpc::Message builtinMessage(const std::string& opName, const py::tuple& args, const py::dict& kwargs,
+                                 std::string* full) {
+  std::string errors;
+  for (const auto& op : torch::jit::getAllOperatorsFor(c10::Symbol::fromQualString(opName))) {
+    const auto& schema = op->schema();
+    std::vector<c10::IValue> stack;
+    try {
+      stack = torch::jit::createStackForSchema(schema, torch::jit::tuple_slice(args),
+                                               py::reinterpret_borrow<py::kwargs>(kwargs), std::nullopt);
+    } catch (const std::exception& e) {
+      errors += "\n  " + c10::toString(schema) + ": " + e.what();
+      continue;
+    }
+    *full = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
+    return torchrpc::script_dispatch::builtinCallMessage(*full, std::move(stack));
+  }
+  throw py::type_error("no overload of builtin '" + opName +
+                       "' accepts these arguments; the candidates said:" + errors);
+}
+
+// `shipped`: None, or the (format, sha1, code) of shipped_code.h.
+torchrpc::Message scriptMessage(const std::string& name, const std::string& moduleHint, py::handle fn,
+                                const py::tuple& args, const py::dict& kwargs,
+                                const py::object& shipped = py::none()) {
+  auto f = py::cast<torch::jit::StrongFunctionPtr>(fn);
+  auto stack = stackFor(f.function_->getSchema(), args, kwargs);
+  c10::IValue code = shipped.is_none() ? c10::IValue() : torch::jit::toIValue(shipped, c10::AnyType::get());
+  return torchrpc::script_dispatch::scriptCallMessage(
+      name, moduleHint, std::move(stack), c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()),
+      std::move(code));
+}
+
+torchrpc::Message pythonMessage(py::bytes payload, std::vector<at::Tensor> tensors) {
+  torchrpc::Message msg;
+  msg.type = torchrpc::MessageType::kPythonCall;
+  msg.payload = std::string(payload);
+  msg.tensors = std::move(tensors);
+  return msg;
+}
+
+// (ok, value) or (ok=False, (kind, message, remote_type, remote_traceback)),
+// like Call.result(), for an error kept as an exception_ptr.
+py::tuple errorTuple(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const torchrpc::RpcError& e) {
+    return py::make_tuple(false, py::make_tuple(static_cast<int>(e.kind()), e.message(), e.remoteType(),
+                                                e.remoteTraceback()));
+  } catch (const c10::Error& e) {
+    return py::make_tuple(false, py::make_tuple(0, e.what_without_backtrace(), "", ""));
+  } catch (const std::exception& e) {
+    return py::make_tuple(false, py::make_tuple(0, std::string(e.what()), "", ""));
+  }
+}
+
+std::shared_ptr<rref::RRefContext> contextOf(const rref::RRef& r) {
+  auto ctx = r.context();
+  if (!ctx) {
+    throw py::value_error("RRef " + r.id().str() +
+                          " belongs to a torchrpc session that has shut down; it cannot be used any more");
+  }
+  return ctx;
+}
+
+using ForkTuple = std::tuple<int, int, int64_t, int, int64_t, int>;
+
+rref::ForkData forkData(const ForkTuple& t) {
+  return rref::ForkData{std::get<0>(t), {std::get<1>(t), std::get<2>(t)}, {std::get<3>(t), std::get<4>(t)},
+                        std::get<5>(t)};
+}
+
+py::tuple forkTuple(const rref::ForkData& f) {
+  return py::make_tuple(f.owner, f.rrefId.worker, f.rrefId.local, f.forkId.worker, f.forkId.local, f.parent);
 }
 
 }  // namespace
@@ -173,16 +254,8 @@ PYBIND11_MODULE(_C, m) {
       .def("script_call",
            [](Agent& a, int dst, const std::string& name, const std::string& moduleHint, py::handle fn,
               py::tuple args, py::dict kwargs, double timeout, const std::string& kind, py::object shipped) {
-             auto f = py::cast<torch::jit::StrongFunctionPtr>(fn);
-             auto stack = stackFor(f.function_->getSchema(), args, kwargs);
-             c10::IValue code = shipped.is_none() ? c10::IValue() : torch::jit::toIValue(shipped, c10::AnyType::get());
-             return translated([&] {
-               return sendOrRaise(a, dst, torchrpc::script_dispatch::scriptCallMessage(
-                                                         name, moduleHint, std::move(stack),
-                                                         c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()),
-                                                         std::move(code)),
-                                  timeout, kind, name);
-             });
+             auto msg = scriptMessage(name, moduleHint, fn, args, kwargs, shipped);
+             return translated([&] { return sendOrRaise(a, dst, std::move(msg), timeout, kind, name); });
            })
       .def("named_call",
            [](Agent& a, const std::string& to, const std::string& name, py::tuple args, py::dict kwargs,
@@ -203,33 +276,14 @@ PYBIND11_MODULE(_C, m) {
       .def("builtin_call",
            [](Agent& a, int dst, const std::string& opName, py::tuple args, py::dict kwargs, double timeout,
               const std::string& kind) {
-             std::string errors;
-             for (const auto& op : torch::jit::getAllOperatorsFor(c10::Symbol::fromQualString(opName))) {
-               const auto& schema = op->schema();
-               std::vector<c10::IValue> stack;
-               try {
-                 stack = torch::jit::createStackForSchema(schema, torch::jit::tuple_slice(args),
-                                                          py::reinterpret_borrow<py::kwargs>(kwargs), std::nullopt);
-               } catch (const std::exception& e) {
-                 errors += "\n  " + c10::toString(schema) + ": " + e.what();
-                 continue;
-               }
-               std::string full = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
-               return translated([&] {
-                 return sendOrRaise(a, dst, torchrpc::script_dispatch::builtinCallMessage(full, std::move(stack)),
-                                    timeout, kind, full);
-               });
-             }
-             throw py::type_error("no overload of builtin '" + opName +
-                                  "' accepts these arguments; the candidates said:" + errors);
+             std::string full;
+             auto msg = builtinMessage(opName, args, kwargs, &full);
+             return translated([&] { return sendOrRaise(a, dst, std::move(msg), timeout, kind, full); });
            })
       .def("python_call",
            [](Agent& a, int dst, py::bytes payload, std::vector<at::Tensor> tensors, double timeout,
               const std::string& kind, const std::string& function) {
-             torchrpc::Message msg;
-             msg.type = torchrpc::MessageType::kPythonCall;
-             msg.payload = std::string(payload);
-             msg.tensors = std::move(tensors);
+             auto msg = pythonMessage(payload, std::move(tensors));
              return translated([&] { return sendOrRaise(a, dst, std::move(msg), timeout, kind, function); });
            })
       .def("start_serving", &Agent::startServing)
@@ -238,6 +292,138 @@ PYBIND11_MODULE(_C, m) {
       .def("pending_count", &Agent::pendingCount)
       .def("connection_count", &Agent::connectionCount)
       .def("script_names", [](Agent& a) { return a.registry().names(); });
+
+  // RRefs. Handles are shared by Python RRef objects; the protocol lives in
+  // csrc/rref/ (see rref_context.h).
+  py::class_<rref::RRef, std::shared_ptr<rref::RRef>>(m, "RRefHandle")
+      .def("is_owner", &rref::RRef::isOwner)
+      .def("owner", &rref::RRef::owner)
+      .def("id", [](const rref::RRef& r) { return r.id().str(); })
+      .def("fork_id",
+           [](const rref::RRef& r) -> py::object {
+             if (r.isOwner()) return py::none();
+             return py::str(static_cast<const rref::UserRRef&>(r).forkId().str());
+           })
+      .def("confirmed",
+           [](const rref::RRef& r) {
+             return r.isOwner() || static_cast<const rref::UserRRef&>(r).confirmed();
+           })
+      .def("creation_error",
+           [](const rref::RRef& r) -> py::object {
+             if (r.isOwner()) return py::none();
+             auto e = static_cast<const rref::UserRRef&>(r).creationError();
+             if (!e) return py::none();
+             return py::make_tuple(e->first, e->second, "", "");
+           })
+      // Owner only: (True, value) once the value exists, or (False, error info).
+      .def("local_value", [](const rref::RRef& r, double timeout) -> py::tuple {
+        TORCH_CHECK(r.isOwner(), "local_value() of a user RRef");
+        auto future = static_cast<const rref::OwnerRRef&>(r).value();
+        if (!future->completed()) {
+          auto done = std::make_shared<std::promise<void>>();
+          auto ready = done->get_future();
+          future->addCallback([done](c10::ivalue::Future&) { done->set_value(); });
+          bool late;
+          {
+            py::gil_scoped_release nogil;
+            late = timeout > 0 &&
+                   ready.wait_for(std::chrono::duration<double>(timeout)) != std::future_status::ready;
+            if (!late) ready.wait();
+          }
+          if (late) {
+            return py::make_tuple(false, py::make_tuple(1, "the value of RRef " + r.id().str() +
+                                                               " was not created within " +
+                                                               std::to_string(timeout) + " s", "", ""));
+          }
+        }
+        if (future->hasError()) return errorTuple(future->exception_ptr());
+        return py::make_tuple(true, torch::jit::toPyObject(future->value()));
+      });
+
+  py::class_<rref::RRefContext, std::shared_ptr<rref::RRefContext>>(m, "RRefContext")
+      .def(py::init([](std::shared_ptr<Agent> agent, py::object runner, py::object encoder) {
+        auto ctx = rref::RRefContext::create(std::move(agent));
+        torchrpc::python_fallback::installRRefPython(*ctx, std::move(runner), std::move(encoder));
+        return ctx;
+      }))
+      .def("create_owner",
+           [](rref::RRefContext& c, py::object value) -> std::shared_ptr<rref::RRef> {
+             return c.createOwner(torchrpc::python_fallback::pyObjectIValue(std::move(value)));
+           })
+      .def("remote_script",
+           [](rref::RRefContext& c, int dst, const std::string& name, const std::string& moduleHint, py::handle fn,
+              py::tuple args, py::dict kwargs, double timeout) {
+             auto msg = scriptMessage(name, moduleHint, fn, args, kwargs);
+             py::gil_scoped_release nogil;
+             return c.remote(dst, std::move(msg), timeout, name);
+           })
+      .def("remote_builtin",
+           [](rref::RRefContext& c, int dst, const std::string& opName, py::tuple args, py::dict kwargs,
+              double timeout) {
+             std::string full;
+             auto msg = builtinMessage(opName, args, kwargs, &full);
+             py::gil_scoped_release nogil;
+             return c.remote(dst, std::move(msg), timeout, full);
+           })
+      .def("remote_python",
+           [](rref::RRefContext& c, int dst, py::bytes payload, std::vector<at::Tensor> tensors, double timeout,
+              const std::string& function) {
+             auto msg = pythonMessage(payload, std::move(tensors));
+             py::gil_scoped_release nogil;
+             return c.remote(dst, std::move(msg), timeout, function);
+           })
+      .def("fetch",
+           [](rref::RRefContext& c, const std::shared_ptr<rref::RRef>& r, double timeout) {
+             TORCH_CHECK(!r->isOwner(), "fetch() of an owner RRef");
+             auto user = std::static_pointer_cast<rref::UserRRef>(r);
+             py::gil_scoped_release nogil;
+             return Call{c.fetch(user, timeout)};
+           })
+      .def("fork", [](rref::RRefContext& c, const std::shared_ptr<rref::RRef>& r) { return forkTuple(c.fork(r)); })
+      .def("receive",
+           [](rref::RRefContext& c, const ForkTuple& t) {
+             auto f = forkData(t);
+             py::gil_scoped_release nogil;
+             return c.receive(f);
+           })
+      .def("cancel_fork",
+           [](rref::RRefContext& c, const ForkTuple& t) {
+             auto f = forkData(t);
+             py::gil_scoped_release nogil;
+             c.cancelFork(f);
+           })
+      .def("release_all_users", &rref::RRefContext::releaseAllUsers, py::call_guard<py::gil_scoped_release>())
+      .def("wait_idle", &rref::RRefContext::waitIdle, py::call_guard<py::gil_scoped_release>())
+      .def("stop", &rref::RRefContext::stop, py::call_guard<py::gil_scoped_release>())
+      .def("snapshot",
+           [](const rref::RRefContext& c) {
+             auto s = c.snapshot();
+             py::dict d;
+             py::list owners;
+             for (const auto& [id, forks, ready, failed] : s.owners) {
+               owners.append(py::make_tuple(id, forks, ready, failed));
+             }
+             py::list users;
+             for (const auto& [id, fork, owner, confirmed, deleted] : s.users) {
+               users.append(py::make_tuple(id, fork, owner, confirmed, deleted));
+             }
+             d["owners"] = owners;
+             d["owner_objects"] = s.localOwners;
+             d["users"] = users;
+             d["pending_users"] = s.pendingUsers;
+             d["pending_children"] = s.pendingChildren;
+             d["in_flight"] = s.inFlight;
+             return d;
+           })
+      // Test hooks: protocol messages as if they had arrived, in any order.
+      .def("_on_fork_request",
+           [](rref::RRefContext& c, int rw, int64_t rl, int fw, int64_t fl) { c.onForkRequest({rw, rl}, {fw, fl}); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("_on_user_delete",
+           [](rref::RRefContext& c, int rw, int64_t rl, int fw, int64_t fl) { c.onUserDelete({rw, rl}, {fw, fl}); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("_on_child_accept", [](rref::RRefContext& c, int fw, int64_t fl) { c.onChildAccept({fw, fl}); },
+           py::call_guard<py::gil_scoped_release>());
 
   // Test hooks for the wire format (tests/unit/test_wire.py): encode one
   // frame, and parse a byte string fed in chunks of `chunk` bytes, alternating

@@ -19,13 +19,20 @@ enum class MessageType : uint16_t {
   kPythonRet = 21,    // result of a Python call (Python pickle + tensors)
   kException = 29,    // the callee failed: type, message, traceback
 
-  // RRef protocol (30-49): reserved for remote()/RRef.
+  // RRef protocol (30-49): see csrc/rref/rref_messages.h. All are requests;
+  // their responses are the ordinary SCRIPT_RET / PYTHON_RET / EXCEPTION.
+  kRemoteCall = 30,       // create an owner RRef's value by running a call
+  kRRefFetch = 31,        // to_here(): the owner's value
+  kRRefUserDelete = 32,   // a user RRef is gone
+  kRRefForkRequest = 33,  // a user received an RRef from a non-owner
+  kRRefChildAccept = 34,  // the owner confirmed the fork a parent sent
   // Distributed autograd (50-69): reserved.
 };
 
 inline bool isRequest(MessageType t) {
   return t == MessageType::kScriptCall || t == MessageType::kBuiltinCall ||
-         t == MessageType::kPythonCall;
+         t == MessageType::kPythonCall ||
+         (t >= MessageType::kRemoteCall && t <= MessageType::kRRefChildAccept);
 }
 
 inline bool isResponse(MessageType t) {

@@ -20,6 +20,11 @@ const char* messageTypeName(MessageType t) {
     case MessageType::kScriptRet: return "SCRIPT_RET";
     case MessageType::kPythonRet: return "PYTHON_RET";
     case MessageType::kException: return "EXCEPTION";
+    case MessageType::kRemoteCall: return "REMOTE_CALL";
+    case MessageType::kRRefFetch: return "RREF_FETCH";
+    case MessageType::kRRefUserDelete: return "RREF_USER_DELETE";
+    case MessageType::kRRefForkRequest: return "RREF_FORK_REQUEST";
+    case MessageType::kRRefChildAccept: return "RREF_CHILD_ACCEPT";
   }
   return "UNKNOWN";
 }

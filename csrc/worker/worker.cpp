@@ -45,7 +45,11 @@ void Worker::shutdown(double timeoutSeconds) {
   std::exception_ptr failure;
   if (left == 0) {
     try {
+      // The same barriers as Python's shutdown (torchrpc/api.py): everyone is
+      // done calling; then everyone has released its RRefs (this C++ worker
+      // holds none).
       rendezvous_->barrier("shutdown", timeoutSeconds);
+      rendezvous_->barrier("rref-shutdown", timeoutSeconds);
     } catch (...) {
       failure = std::current_exception();
     }

@@ -319,3 +319,115 @@ def call_many(to, n, iterations):
     for _ in range(n):
         rpc.rpc_sync(to, busy, args=(iterations,))
     return n / (time.perf_counter() - started)
+
+
+# ---- RRefs (tests/multiprocess/test_rref.py) ---------------------------------
+
+import gc  # noqa: E402
+import weakref  # noqa: E402
+
+_tracked = weakref.WeakValueDictionary()  # name -> live Tracked object
+_stored = {}  # key -> RRef kept by this worker
+
+
+class Tracked:
+    """A value whose lifetime tests can observe on its owner."""
+
+    def __init__(self, name, payload=None):
+        self.name = name
+        self.payload = payload
+        _tracked[name] = self
+
+    def get(self):
+        return self.payload
+
+    def set(self, payload):
+        self.payload = payload
+        return self.payload
+
+
+class FailingInit:
+    def __init__(self):
+        raise CustomError("constructor failed on purpose")
+
+
+def tracked_alive(name):
+    return name in _tracked
+
+
+def rref_settle():
+    """Drops unreachable RRefs and waits until their deletes were answered."""
+    gc.collect()
+    return rpc.rref._wait_idle(10.0)
+
+
+def live_rrefs():
+    return rpc.rref._live_rrefs()
+
+
+def rref_to_here(rref, timeout=-1):
+    return rref.to_here(timeout=timeout)
+
+
+def rref_to_here_error(rref, timeout=-1):
+    try:
+        rref.to_here(timeout=timeout)
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+    return None
+
+
+def rref_info(rref):
+    return rref.is_owner(), rref.owner_name(), rref.confirmed_by_owner()
+
+
+def rref_local_value(rref):
+    return rref.local_value()
+
+
+def rref_forward(rref, to):
+    """Passes the RRef on to worker `to`, which copies its value."""
+    return rpc.rpc_sync(to, rref_to_here, args=(rref,))
+
+
+def rref_to_self(rref):
+    """Sends the RRef to this worker itself (owner or user)."""
+    return rpc.rpc_sync(rpc.get_worker_info(), rref_info, args=(rref,))
+
+
+def make_rref(value):
+    """Returns an RRef owned by this worker (an RRef as a result)."""
+    return rpc.RRef(value)
+
+
+def make_tracked_rref(name, payload):
+    return rpc.RRef(Tracked(name, payload))
+
+
+def store_rref(key, rref):
+    _stored[key] = rref
+    return rref.is_owner()
+
+
+def stored_to_here(key):
+    return _stored[key].to_here()
+
+
+def drop_stored(key=None):
+    if key is None:
+        _stored.clear()
+    else:
+        _stored.pop(key, None)
+
+
+def remote_from_here(to, fn, args=()):
+    """Makes an RRef on `to` from this worker and returns it (a user RRef result)."""
+    return rpc.remote(to, fn, args=args)
+
+
+def grad_tensor():
+    return torch.ones(3, requires_grad=True) * 2
+
+
+def rref_sum(rref):
+    return rref.to_here().sum()

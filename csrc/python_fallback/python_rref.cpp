@@ -1,0 +1,119 @@
+#include "python_fallback/python_rref.h"
+
+#include <torch/csrc/utils/pybind.h>
+
+#include <optional>
+
+#include "message/payload.h"
+
+namespace py = pybind11;
+
+namespace torchrpc::python_fallback {
+
+namespace {
+
+std::shared_ptr<py::object> sharedPyObject(py::object obj) {
+  return std::shared_ptr<py::object>(new py::object(std::move(obj)), [](py::object* p) {
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      delete p;
+    } else {
+      p->release();
+      delete p;
+    }
+  });
+}
+
+RemoteException errorOf(const py::tuple& out, const std::string& worker) {
+  return RemoteException{out[1].cast<std::string>(), out[2].cast<std::string>(),
+                         out[3].cast<std::string>(), out[4].cast<std::string>(), worker};
+}
+
+// A Python object inside an IValue. (torch's ConcretePyObjectHolder would do,
+// but its type inference uses a symbol libtorch_python does not export.) The
+// value only ever goes back to Python: it has no TorchScript type.
+class PyValueHolder final : public c10::ivalue::PyObjectHolder {
+ public:
+  explicit PyValueHolder(py::object obj) : obj_(std::move(obj)) {}
+  ~PyValueHolder() override {
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      obj_ = py::object();
+    } else {
+      obj_.release();  // the interpreter is gone; nothing to drop
+    }
+  }
+  PyObject* getPyObject() override { return obj_.ptr(); }
+  c10::InferredType tryToInferType() override {
+    return c10::InferredType("a Python value held by a torchrpc RRef has no TorchScript type");
+  }
+  c10::IValue toIValue(const c10::TypePtr& type, std::optional<int32_t>) override {
+    TORCH_CHECK(false, "a Python value held by a torchrpc RRef cannot be used as TorchScript type ",
+                type->repr_str());
+  }
+  std::string toStr() override {
+    py::gil_scoped_acquire gil;
+    return py::str(obj_).cast<std::string>();
+  }
+  std::vector<at::Tensor> extractTensors() override { return {}; }  // CPU only: no streams to sync
+
+ private:
+  py::object obj_;
+};
+
+}  // namespace
+
+c10::IValue pyObjectIValue(py::object obj) {
+  c10::intrusive_ptr<c10::ivalue::PyObjectHolder> holder = c10::make_intrusive<PyValueHolder>(std::move(obj));
+  return c10::IValue(std::move(holder));
+}
+
+void installRRefPython(rref::RRefContext& ctx, py::object runner, py::object encoder) {
+  auto run = sharedPyObject(std::move(runner));
+  auto encode = sharedPyObject(std::move(encoder));
+  const std::string worker = ctx.workerName();
+  ctx.setPythonRunner([run, worker](Message&& call, int callerRank,
+                                    std::function<void(c10::IValue)> onValue,
+                                    std::function<void(const RemoteException&)> onError) {
+    c10::IValue value;
+    std::optional<RemoteException> error;
+    {
+      py::gil_scoped_acquire gil;
+      try {
+        py::list tensors;
+        for (auto& t : call.tensors) tensors.append(py::cast(std::move(t)));
+        auto view = py::memoryview::from_memory(call.payload.data(),
+                                                static_cast<py::ssize_t>(call.payload.size()));
+        py::tuple out = (*run)(view, tensors, callerRank);
+        if (out[0].cast<std::string>() == "ok") {
+          value = pyObjectIValue(py::reinterpret_borrow<py::object>(out[1]));
+        } else {
+          error = errorOf(out, worker);
+        }
+      } catch (py::error_already_set& e) {
+        error = RemoteException{"RuntimeError",
+                                std::string("torchrpc's Python remote() handler failed: ") + e.what(),
+                                "", "<python call>", worker};
+      }
+    }
+    // Outside the GIL: completing the value runs fetch callbacks, which take it.
+    if (error) {
+      onError(*error);
+    } else {
+      onValue(std::move(value));
+    }
+  });
+  ctx.setPythonEncoder([encode, worker](uint64_t id, const c10::IValue& value) {
+    py::gil_scoped_acquire gil;
+    py::tuple out = (*encode)(py::handle(value.toPyObject()));
+    if (out[0].cast<std::string>() != "ok") return exceptionMessage(id, errorOf(out, worker));
+    Message m;
+    m.type = MessageType::kPythonRet;
+    m.id = id;
+    m.payload = out[1].cast<std::string>();
+    for (auto t : out[2]) m.tensors.push_back(py::cast<at::Tensor>(t));
+    return m;
+  });
+}
+
+}  // namespace torchrpc::python_fallback

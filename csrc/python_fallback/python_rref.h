@@ -1,0 +1,23 @@
+#pragma once
+
+// The Python side of RRefs: runs remote() of Python callables on the owner
+// (keeping the result as a Python object inside an IValue) and encodes Python
+// values for to_here(). Part of the bridge: the only C++ that takes the GIL.
+
+#include <pybind11/pybind11.h>
+
+#include <ATen/core/ivalue.h>
+
+#include "rref/rref_context.h"
+
+namespace torchrpc::python_fallback {
+
+// runner(payload: memoryview, tensors: list[Tensor], caller_rank: int) returns
+//   ("ok", value)  or  ("err", type, message, traceback, function)
+// encoder(value) returns ("ok", payload: bytes, tensors) or the "err" tuple.
+void installRRefPython(rref::RRefContext& ctx, pybind11::object runner, pybind11::object encoder);
+
+// A Python object as an IValue (PyObject tag); call with the GIL held.
+c10::IValue pyObjectIValue(pybind11::object obj);
+
+}  // namespace torchrpc::python_fallback

@@ -1,0 +1,53 @@
+#include "rref/rref.h"
+
+#include "common/error.h"
+#include "rref/rref_context.h"
+
+namespace torchrpc::rref {
+
+OwnerRRef::OwnerRRef(std::weak_ptr<RRefContext> ctx, int owner, RRefId id)
+    : RRef(std::move(ctx), owner, id),
+      value_(c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get())) {}
+
+OwnerRRef::~OwnerRRef() {
+  if (auto ctx = ctx_.lock()) ctx->forgetOwner(id_, this);
+}
+
+void OwnerRRef::setValue(c10::IValue value) { value_->markCompleted(std::move(value)); }
+
+void OwnerRRef::setError(const RemoteException& error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    error_ = error;
+  }
+  value_->setError(makeRpcError(
+      ErrorKind::kRemote,
+      error.message + " (raised on " + error.worker + " while creating the value of RRef " +
+          id_.str() + " with '" + error.function + "')",
+      error.type, error.traceback));
+}
+
+std::optional<RemoteException> OwnerRRef::error() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_;
+}
+
+UserRRef::UserRRef(std::weak_ptr<RRefContext> ctx, int owner, RRefId id, ForkId forkId,
+                   bool confirmed)
+    : RRef(std::move(ctx), owner, id), forkId_(forkId), confirmed_(confirmed) {}
+
+UserRRef::~UserRRef() {
+  if (auto ctx = ctx_.lock()) ctx->userReleased(*this);
+}
+
+void UserRRef::setCreationError(int kind, std::string message) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  creationError_ = std::make_pair(kind, std::move(message));
+}
+
+std::optional<std::pair<int, std::string>> UserRRef::creationError() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return creationError_;
+}
+
+}  // namespace torchrpc::rref

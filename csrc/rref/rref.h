@@ -1,0 +1,145 @@
+#pragma once
+
+// RRef: a reference to a value that lives on one worker (its owner).
+//
+// Two kinds, as in upstream's Remote Reference Protocol:
+//   OwnerRRef  on the owner; holds the value (a future: remote() creates it
+//              asynchronously, and creation may fail).
+//   UserRRef   anywhere else; holds ids only. Each UserRRef is one "fork" of
+//              the owner's RRef, known to the owner by its ForkId.
+//
+// Ownership: both are held by shared_ptr: by Python handles, by the
+// RRefContext while a protocol step needs them (see rref_context.h), and by
+// nobody else. A UserRRef that dies after the owner confirmed it tells the
+// owner (USER_DELETE) from its destructor; any thread may run it.
+
+#include <ATen/core/ivalue.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "message/payload.h"
+
+namespace torchrpc::rref {
+
+// An id unique in the job: the worker that made it and a counter there.
+struct GlobalId {
+  int32_t worker{-1};
+  int64_t local{-1};
+
+  bool operator==(const GlobalId& o) const { return worker == o.worker && local == o.local; }
+  bool operator!=(const GlobalId& o) const { return !(*this == o); }
+  bool operator<(const GlobalId& o) const {
+    return worker != o.worker ? worker < o.worker : local < o.local;
+  }
+  std::string str() const { return std::to_string(worker) + ":" + std::to_string(local); }
+};
+
+struct GlobalIdHash {
+  size_t operator()(const GlobalId& id) const {
+    return std::hash<int64_t>()(id.local) * 31 + std::hash<int32_t>()(id.worker);
+  }
+};
+
+using RRefId = GlobalId;
+using ForkId = GlobalId;
+
+// What travels when an RRef is sent in a message: enough for the receiver to
+// build its RRef and tell the owner and the parent (the sender) about it.
+struct ForkData {
+  int owner{-1};
+  RRefId rrefId;
+  ForkId forkId;
+  int parent{-1};
+};
+
+class RRefContext;
+
+class RRef {
+ public:
+  virtual ~RRef() = default;
+  virtual bool isOwner() const = 0;
+  int owner() const { return owner_; }
+  const RRefId& id() const { return id_; }
+  // The context this RRef belongs to; empty once that session is gone.
+  std::shared_ptr<RRefContext> context() const { return ctx_.lock(); }
+
+ protected:
+  RRef(std::weak_ptr<RRefContext> ctx, int owner, RRefId id)
+      : ctx_(std::move(ctx)), owner_(owner), id_(id) {}
+
+  std::weak_ptr<RRefContext> ctx_;
+  const int owner_;
+  const RRefId id_;
+};
+
+class OwnerRRef final : public RRef {
+ public:
+  using FuturePtr = c10::intrusive_ptr<c10::ivalue::Future>;
+
+  OwnerRRef(std::weak_ptr<RRefContext> ctx, int owner, RRefId id);
+  ~OwnerRRef() override;
+  bool isOwner() const override { return true; }
+
+  // Completes with the value, or with an RpcError if creating it failed.
+  const FuturePtr& value() const { return value_; }
+  void setValue(c10::IValue value);
+  // Creation failed on this worker: keep the exception for fetches.
+  void setError(const RemoteException& error);
+  // The creation error, if any (set before value() completes).
+  std::optional<RemoteException> error() const;
+
+ private:
+  FuturePtr value_;
+  mutable std::mutex mutex_;
+  std::optional<RemoteException> error_;
+};
+
+// States of a UserRRef (transitions under the context's lock, or atomic):
+//   Pending    -> Confirmed: the owner acknowledged the fork (remote()'s
+//                 response, or FORK_REQUEST's ack); until then the context
+//                 holds the UserRRef, so it cannot die unconfirmed.
+//   Confirmed  -> Deleted: the last handle dropped (destructor), or shutdown
+//                 released every user; exactly one USER_DELETE is sent.
+class UserRRef final : public RRef {
+ public:
+  UserRRef(std::weak_ptr<RRefContext> ctx, int owner, RRefId id, ForkId forkId, bool confirmed);
+  ~UserRRef() override;
+  bool isOwner() const override { return false; }
+
+  const ForkId& forkId() const { return forkId_; }
+  bool confirmed() const { return confirmed_.load(); }
+  void confirm() { confirmed_.store(true); }
+  // True the first time: the caller then sends the one USER_DELETE.
+  bool markDeleted() { return !deleted_.exchange(true); }
+  bool deleted() const { return deleted_.load(); }
+
+  // remote() could not create the value (owner unreachable, timeout): to_here
+  // reports this instead of asking the owner.
+  void setCreationError(int kind, std::string message);
+  std::optional<std::pair<int, std::string>> creationError() const;
+  // remote()'s deadline: a fetch sent before the owner confirmed waits no
+  // longer than this (so remote(timeout=...) bounds an early to_here too).
+  void setCreationDeadline(std::chrono::steady_clock::time_point deadline) {
+    creationDeadline_ = deadline;
+  }
+  std::optional<std::chrono::steady_clock::time_point> creationDeadline() const {
+    return creationDeadline_;
+  }
+
+ private:
+  const ForkId forkId_;
+  std::atomic<bool> confirmed_;
+  std::atomic<bool> deleted_{false};
+  mutable std::mutex mutex_;
+  std::optional<std::pair<int, std::string>> creationError_;
+  std::optional<std::chrono::steady_clock::time_point> creationDeadline_;  // set before sharing
+};
+
+}  // namespace torchrpc::rref

@@ -1,0 +1,633 @@
+#include "rref/rref_context.h"
+
+#include <chrono>
+
+#include "common/error.h"
+#include "common/logging.h"
+#include "message/payload.h"
+#include "rref/rref_messages.h"
+#include "script_dispatch/run_script.h"
+
+namespace torchrpc::rref {
+
+namespace {
+
+// Protocol messages (fork requests, deletes, accepts) are tiny; a peer that
+// does not answer within this long is gone or wedged.
+constexpr double kProtocolTimeoutSeconds = 120.0;
+
+std::pair<int, std::string> describeError(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const RpcError& e) {
+    return {static_cast<int>(e.kind()), e.message()};
+  } catch (const c10::Error& e) {
+    return {static_cast<int>(ErrorKind::kGeneric), e.what_without_backtrace()};
+  } catch (const std::exception& e) {
+    return {static_cast<int>(ErrorKind::kGeneric), e.what()};
+  } catch (...) {
+    return {static_cast<int>(ErrorKind::kGeneric), "unknown error"};
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<RRefContext> RRefContext::create(std::shared_ptr<Agent> agent) {
+  std::shared_ptr<RRefContext> ctx(new RRefContext(std::move(agent)));
+  ctx->installHandlers();
+  return ctx;
+}
+
+RRefContext::RRefContext(std::shared_ptr<Agent> agent)
+    : agent_(std::move(agent)), rank_(agent_->options().rank) {}
+
+RRefContext::~RRefContext() = default;
+
+void RRefContext::setPythonRunner(PythonRunner runner) { pythonRunner_ = std::move(runner); }
+void RRefContext::setPythonEncoder(PythonEncoder encoder) { pythonEncoder_ = std::move(encoder); }
+
+std::string RRefContext::workerLabel(int rank) const {
+  try {
+    return agent_->peer(rank).name;
+  } catch (const std::exception&) {
+    return "rank " + std::to_string(rank);
+  }
+}
+
+GlobalId RRefContext::newId() { return GlobalId{rank_, nextLocal_.fetch_add(1)}; }
+
+void RRefContext::installHandlers() {
+  std::weak_ptr<RRefContext> weak = shared_from_this();
+  const std::string worker = workerName();
+  auto install = [&](MessageType type) {
+    agent_->setHandler(type, [weak, worker, type](Message&& request, int callerRank,
+                                                  Agent::Responder respond) {
+      const uint64_t id = request.id;
+      auto self = weak.lock();
+      if (!self) {
+        respond(exceptionMessage(id, RemoteException{"RuntimeError",
+                                                     "RRefs are not served on " + worker +
+                                                         " any more (torchrpc shut down)",
+                                                     "", messageTypeName(type), worker}));
+        return;
+      }
+      try {
+        GlobalId a, b;
+        switch (type) {
+          case MessageType::kRemoteCall:
+            self->handleRemoteCall(std::move(request), callerRank, std::move(respond));
+            return;
+          case MessageType::kRRefFetch:
+            self->handleFetch(std::move(request), std::move(respond));
+            return;
+          case MessageType::kRRefUserDelete:
+            parseIds(request, &a, &b);
+            self->onUserDelete(a, b);
+            break;
+          case MessageType::kRRefForkRequest:
+            parseIds(request, &a, &b);
+            self->onForkRequest(a, b);
+            break;
+          case MessageType::kRRefChildAccept:
+            parseIds(request, &a);
+            self->onChildAccept(a);
+            break;
+          default:
+            TORCH_CHECK(false, "not an RRef message: ", messageTypeName(type));
+        }
+        respond(ackMessage(id));
+      } catch (...) {
+        respond(exceptionMessage(
+            id, describeException(std::current_exception(), messageTypeName(type), worker)));
+      }
+    });
+  };
+  install(MessageType::kRemoteCall);
+  install(MessageType::kRRefFetch);
+  install(MessageType::kRRefUserDelete);
+  install(MessageType::kRRefForkRequest);
+  install(MessageType::kRRefChildAccept);
+}
+
+// ---- owner table -------------------------------------------------------------
+
+RRefContext::OwnerEntry& RRefContext::ownerEntryLocked(const RRefId& id) {
+  auto& entry = owners_[id];
+  if (!entry.rref) {
+    entry.rref = std::make_shared<OwnerRRef>(weak_from_this(), rank_, id);
+    ownerObjects_[id] = entry.rref.get();
+  }
+  return entry;
+}
+
+std::shared_ptr<OwnerRRef> RRefContext::maybeEraseLocked(const RRefId& id) {
+  auto it = owners_.find(id);
+  if (it == owners_.end() || !it->second.forks.empty() || it->second.creating) return nullptr;
+  auto rref = std::move(it->second.rref);
+  owners_.erase(it);
+  return rref;
+}
+
+void RRefContext::forgetOwner(const RRefId& id, const OwnerRRef* owner) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = ownerObjects_.find(id);
+  if (it != ownerObjects_.end() && it->second == owner) ownerObjects_.erase(it);
+}
+
+std::shared_ptr<OwnerRRef> RRefContext::createOwner(c10::IValue value) {
+  auto owner = std::make_shared<OwnerRRef>(weak_from_this(), rank_, newId());
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ownerObjects_[owner->id()] = owner.get();
+  }
+  owner->setValue(std::move(value));
+  return owner;
+}
+
+// ---- remote() ------------------------------------------------------------------
+
+void RRefContext::runCreation(const std::shared_ptr<OwnerRRef>& owner, Message&& call,
+                              int callerRank, std::function<void()> done) {
+  auto onValue = [owner, done](c10::IValue value) {
+    owner->setValue(std::move(value));
+    done();
+  };
+  auto onError = [owner, done](const RemoteException& error) {
+    owner->setError(error);
+    done();
+  };
+  if (call.type == MessageType::kPythonCall) {
+    if (!pythonRunner_) {
+      onError(RemoteException{"RuntimeError", "no Python runner installed on " + workerName(), "",
+                              "<python call>", workerName()});
+      return;
+    }
+    pythonRunner_(std::move(call), callerRank, onValue, onError);
+    return;
+  }
+  Agent* agent = agent_.get();
+  script_dispatch::run(
+      std::move(call), agent_->registry(),
+      [agent](std::function<void()> fn) { agent->pool().run(std::move(fn)); }, workerName(),
+      [onValue, onError, worker = workerName()](Message&& response) {
+        if (response.type == MessageType::kScriptRet) {
+          c10::IValue value;
+          try {
+            value = messageIValue(response);
+          } catch (...) {
+            onError(describeException(std::current_exception(), "<decode result>", worker));
+            return;
+          }
+          onValue(std::move(value));
+        } else {
+          onError(messageException(response));
+        }
+      });
+}
+
+std::shared_ptr<RRef> RRefContext::remote(int dst, Message&& call, double timeoutSeconds,
+                                          const std::string& function) {
+  const RRefId rrefId = newId();
+  auto self = shared_from_this();
+  if (dst == rank_) {
+    // The owner is this worker: no message, the value is created on the pool.
+    std::shared_ptr<OwnerRRef> owner;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto& entry = ownerEntryLocked(rrefId);
+      entry.creating = true;
+      owner = entry.rref;
+    }
+    {
+      std::lock_guard<std::mutex> lock(idleMutex_);
+      ++inFlight_;
+    }
+    agent_->pool().run([self, owner, rrefId, call = std::move(call)]() mutable {
+      self->runCreation(owner, std::move(call), self->rank_, [self, rrefId] {
+        std::shared_ptr<OwnerRRef> drop;
+        {
+          std::lock_guard<std::mutex> lock(self->mutex_);
+          auto it = self->owners_.find(rrefId);
+          if (it != self->owners_.end()) it->second.creating = false;
+          drop = self->maybeEraseLocked(rrefId);
+        }
+        drop.reset();
+        std::lock_guard<std::mutex> lock(self->idleMutex_);
+        if (--self->inFlight_ == 0) self->idleCv_.notify_all();
+      });
+    });
+    return owner;
+  }
+  const ForkId forkId = newId();
+  auto user = std::make_shared<UserRRef>(weak_from_this(), dst, rrefId, forkId, false);
+  if (timeoutSeconds > 0) {
+    user->setCreationDeadline(std::chrono::steady_clock::now() +
+                              std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                  std::chrono::duration<double>(timeoutSeconds)));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    users_[forkId] = user;
+    pendingUsers_[forkId] = user;
+  }
+  std::weak_ptr<UserRRef> weakUser = user;
+  try {
+    sendTracked(dst, remoteCallMessage(rrefId, forkId, std::move(call)), timeoutSeconds,
+                "remote", function, [self, forkId, weakUser](std::exception_ptr error) {
+                  if (error) {
+                    // The owner may never have seen the call; to_here reports this.
+                    if (auto u = weakUser.lock()) {
+                      auto [kind, message] = describeError(error);
+                      u->setCreationError(kind, message);
+                    }
+                  }
+                  self->confirmUser(forkId, error, -1);
+                });
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      pendingUsers_.erase(forkId);
+      users_.erase(forkId);
+    }
+    user->markDeleted();  // the owner never heard of it: nothing to delete
+    throw;
+  }
+  return user;
+}
+
+void RRefContext::handleRemoteCall(Message&& request, int callerRank, Agent::Responder respond) {
+  RRefId rrefId;
+  ForkId forkId;
+  Message call = parseRemoteCall(std::move(request), &rrefId, &forkId);
+  const uint64_t id = call.id;
+  std::shared_ptr<OwnerRRef> owner;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& entry = ownerEntryLocked(rrefId);
+    entry.forks.insert(forkId);  // the caller's UserRRef (Early Fork Registration)
+    entry.creating = true;
+    owner = entry.rref;
+  }
+  TORCH_CHECK(!owner->value()->completed(), "RRef ", rrefId.str(), " was already created on ",
+              workerName());
+  {
+    // A value being created counts as protocol work in flight (waitIdle,
+    // graceful shutdown), also after its caller stopped waiting.
+    std::lock_guard<std::mutex> lock(idleMutex_);
+    ++inFlight_;
+  }
+  auto self = shared_from_this();
+  runCreation(owner, std::move(call), callerRank, [self, rrefId, id, respond] {
+    {
+      std::shared_ptr<OwnerRRef> drop;
+      {
+        std::lock_guard<std::mutex> lock(self->mutex_);
+        auto it = self->owners_.find(rrefId);
+        if (it != self->owners_.end()) it->second.creating = false;
+        drop = self->maybeEraseLocked(rrefId);
+      }
+    }
+    respond(ackMessage(id));
+    std::lock_guard<std::mutex> lock(self->idleMutex_);
+    if (--self->inFlight_ == 0) self->idleCv_.notify_all();
+  });
+}
+
+// ---- to_here() -------------------------------------------------------------------
+
+RRefContext::FuturePtr RRefContext::fetch(const std::shared_ptr<UserRRef>& rref,
+                                          double timeoutSeconds) {
+  if (!rref->confirmed()) {
+    if (auto deadline = rref->creationDeadline()) {
+      double left = std::chrono::duration<double>(*deadline - std::chrono::steady_clock::now()).count();
+      if (timeoutSeconds <= 0 || left < timeoutSeconds) timeoutSeconds = std::max(left, 1e-3);
+    }
+  }
+  return agent_->send(rref->owner(), idsMessage(MessageType::kRRefFetch, rref->id()),
+                      timeoutSeconds, "to_here", "RRef " + rref->id().str());
+}
+
+Message RRefContext::encodeValue(uint64_t id, const c10::IValue& value) {
+  if (value.isPyObject()) {
+    TORCH_CHECK(pythonEncoder_, "no Python encoder installed on ", workerName());
+    return pythonEncoder_(id, value);
+  }
+  return ivalueMessage(MessageType::kScriptRet, id, c10::ivalue::Tuple::create({value}));
+}
+
+void RRefContext::handleFetch(Message&& request, Agent::Responder respond) {
+  RRefId rrefId;
+  parseIds(request, &rrefId);
+  const uint64_t id = request.id;
+  std::shared_ptr<OwnerRRef> owner;
+  {
+    // Created on demand: the fetch may run before the call that creates it.
+    std::lock_guard<std::mutex> lock(mutex_);
+    owner = ownerEntryLocked(rrefId).rref;
+  }
+  std::weak_ptr<RRefContext> weak = shared_from_this();
+  std::weak_ptr<OwnerRRef> weakOwner = owner;
+  const std::string worker = workerName();
+  owner->value()->addCallback([weak, weakOwner, id, respond, worker,
+                               rrefId](c10::ivalue::Future& f) {
+    try {
+      if (f.hasError()) {
+        auto owner = weakOwner.lock();
+        auto error = owner ? owner->error() : std::nullopt;
+        respond(error ? exceptionMessage(id, *error)
+                      : exceptionMessage(id, describeException(f.exception_ptr(),
+                                                               "to_here of RRef " + rrefId.str(),
+                                                               worker)));
+        return;
+      }
+      auto self = weak.lock();
+      TORCH_CHECK(self, "torchrpc shut down on ", worker);
+      respond(self->encodeValue(id, f.value()));
+    } catch (...) {
+      respond(exceptionMessage(
+          id, describeException(std::current_exception(), "to_here of RRef " + rrefId.str(), worker)));
+    }
+  });
+}
+
+// ---- forks -------------------------------------------------------------------------
+
+ForkData RRefContext::fork(const std::shared_ptr<RRef>& rref) {
+  TORCH_CHECK(rref->context().get() == this,
+              "this RRef belongs to an earlier torchrpc session (before shutdown); it cannot be sent");
+  const ForkId forkId = newId();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (rref->isOwner()) {
+    auto& entry = owners_[rref->id()];
+    if (!entry.rref) entry.rref = std::static_pointer_cast<OwnerRRef>(rref);
+    entry.forks.insert(forkId);
+  } else {
+    auto user = std::static_pointer_cast<UserRRef>(rref);
+    TORCH_CHECK(!user->deleted(), "RRef ", rref->id().str(),
+                " was already released (torchrpc is shutting down); it cannot be sent");
+    pendingChildren_[forkId] = rref;
+  }
+  return ForkData{rref->owner(), rref->id(), forkId, rank_};
+}
+
+std::shared_ptr<RRef> RRefContext::receive(const ForkData& fork) {
+  if (fork.owner == rank_) {
+    std::shared_ptr<OwnerRRef> owner, drop;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto& entry = ownerEntryLocked(fork.rrefId);
+      owner = entry.rref;
+      if (fork.parent == rank_) {
+        // Sent to ourselves: the fork added while pickling has no user.
+        entry.forks.erase(fork.forkId);
+        drop = maybeEraseLocked(fork.rrefId);
+      }
+    }
+    if (fork.parent != rank_) {
+      // A user sent the owner its own RRef: the parent may let go of its copy.
+      sendTracked(fork.parent, idsMessage(MessageType::kRRefChildAccept, fork.forkId),
+                  kProtocolTimeoutSeconds, "rref", "CHILD_ACCEPT", nullptr);
+    }
+    return owner;
+  }
+  const bool parentIsOwner = fork.parent == fork.owner;
+  auto user = std::make_shared<UserRRef>(weak_from_this(), fork.owner, fork.rrefId, fork.forkId,
+                                         /*confirmed=*/parentIsOwner);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    users_[fork.forkId] = user;
+    if (!parentIsOwner) pendingUsers_[fork.forkId] = user;
+  }
+  if (!parentIsOwner) {
+    auto self = shared_from_this();
+    ForkId forkId = fork.forkId;
+    int parent = fork.parent;
+    sendTracked(fork.owner, idsMessage(MessageType::kRRefForkRequest, fork.rrefId, fork.forkId),
+                kProtocolTimeoutSeconds, "rref", "FORK_REQUEST",
+                [self, forkId, parent](std::exception_ptr error) {
+                  self->confirmUser(forkId, error, parent);
+                });
+  }
+  return user;
+}
+
+void RRefContext::cancelFork(const ForkData& fork) {
+  std::shared_ptr<OwnerRRef> dropOwner;
+  std::shared_ptr<RRef> dropChild;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (fork.owner == rank_) {
+      auto it = owners_.find(fork.rrefId);
+      if (it != owners_.end()) it->second.forks.erase(fork.forkId);
+      dropOwner = maybeEraseLocked(fork.rrefId);
+    } else {
+      auto it = pendingChildren_.find(fork.forkId);
+      if (it != pendingChildren_.end()) {
+        dropChild = std::move(it->second);
+        pendingChildren_.erase(it);
+      }
+    }
+  }
+}
+
+void RRefContext::confirmUser(const ForkId& forkId, std::exception_ptr error, int parent) {
+  std::shared_ptr<UserRRef> user;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = pendingUsers_.find(forkId);
+    if (it != pendingUsers_.end()) {
+      user = std::move(it->second);
+      pendingUsers_.erase(it);
+    }
+  }
+  if (error && parent >= 0) {
+    TORCHRPC_WARN(workerName(), "fork " << forkId.str() << " of an RRef owned by "
+                                        << (user ? workerLabel(user->owner()) : "?")
+                                        << " was not confirmed: " << describeError(error).second);
+  }
+  // Confirmed even on error, so that it can be released (its USER_DELETE
+  // then fails the same way, quietly).
+  if (user) user->confirm();
+  if (parent >= 0) {
+    sendTracked(parent, idsMessage(MessageType::kRRefChildAccept, forkId), kProtocolTimeoutSeconds,
+                "rref", "CHILD_ACCEPT", nullptr);
+  }
+  user.reset();  // may be the last reference: sends USER_DELETE
+}
+
+// ---- handlers ----------------------------------------------------------------------
+
+void RRefContext::onForkRequest(const RRefId& rrefId, const ForkId& forkId) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ownerEntryLocked(rrefId).forks.insert(forkId);
+}
+
+void RRefContext::onUserDelete(const RRefId& rrefId, const ForkId& forkId) {
+  std::shared_ptr<OwnerRRef> drop;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = owners_.find(rrefId);
+    if (it == owners_.end() || it->second.forks.erase(forkId) == 0) {
+      TORCHRPC_DEBUG(workerName(), "USER_DELETE of unknown fork " << forkId.str() << " of RRef "
+                                                                  << rrefId.str());
+      return;
+    }
+    drop = maybeEraseLocked(rrefId);
+  }
+  // `drop` may hold the last reference to the value: freed here, unlocked.
+}
+
+void RRefContext::onChildAccept(const ForkId& forkId) {
+  std::shared_ptr<RRef> drop;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = pendingChildren_.find(forkId);
+    if (it == pendingChildren_.end()) return;
+    drop = std::move(it->second);
+    pendingChildren_.erase(it);
+  }
+  drop.reset();  // may be the last reference: sends USER_DELETE, unlocked
+}
+
+void RRefContext::userReleased(UserRRef& user) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = users_.find(user.forkId());
+    if (it != users_.end() && it->second.expired()) users_.erase(it);
+    if (stopped_) return;
+  }
+  if (!user.confirmed() || !user.markDeleted()) return;
+  // Sent from the pool: the last handle often dies in Python, with the GIL
+  // held, and sending may block (connecting, backpressure).
+  {
+    std::lock_guard<std::mutex> lock(idleMutex_);
+    ++inFlight_;  // counted from now, so waitIdle() cannot miss it
+  }
+  auto self = shared_from_this();
+  agent_->pool().run([self, owner = user.owner(), rrefId = user.id(), forkId = user.forkId()] {
+    try {
+      self->sendTracked(owner, idsMessage(MessageType::kRRefUserDelete, rrefId, forkId),
+                        kProtocolTimeoutSeconds, "rref", "USER_DELETE", nullptr);
+    } catch (const std::exception& e) {
+      TORCHRPC_WARN(self->workerName(), "cannot send USER_DELETE of RRef " << rrefId.str() << ": "
+                                                                         << e.what());
+    }
+    std::lock_guard<std::mutex> lock(self->idleMutex_);
+    if (--self->inFlight_ == 0) self->idleCv_.notify_all();
+  });
+}
+
+// ---- sending -------------------------------------------------------------------------
+
+void RRefContext::sendTracked(int dst, Message&& m, double timeoutSeconds,
+                              const std::string& callKind, const std::string& what,
+                              std::function<void(std::exception_ptr)> then) {
+  {
+    std::lock_guard<std::mutex> lock(idleMutex_);
+    ++inFlight_;
+  }
+  auto done = [this] {
+    std::lock_guard<std::mutex> lock(idleMutex_);
+    if (--inFlight_ == 0) idleCv_.notify_all();
+  };
+  FuturePtr future;
+  try {
+    future = agent_->send(dst, std::move(m), timeoutSeconds, callKind, what);
+  } catch (...) {
+    done();
+    throw;
+  }
+  std::weak_ptr<RRefContext> weak = shared_from_this();
+  future->addCallback([weak, then = std::move(then)](c10::ivalue::Future& f) mutable {
+    auto self = weak.lock();
+    if (!self) return;
+    std::exception_ptr error = f.hasError() ? f.exception_ptr() : nullptr;
+    auto task = [self, then = std::move(then), error] {
+      try {
+        if (then) then(error);
+      } catch (const std::exception& e) {
+        TORCHRPC_WARN(self->workerName(), "RRef protocol step failed: " << e.what());
+      }
+      std::lock_guard<std::mutex> lock(self->idleMutex_);
+      if (--self->inFlight_ == 0) self->idleCv_.notify_all();
+    };
+    // Never on the I/O thread: a follow-up may send (and block on backpressure).
+    if (self->stopped_) {
+      task();
+    } else {
+      self->agent_->pool().run(std::move(task));
+    }
+  });
+}
+
+// ---- shutdown and introspection -----------------------------------------------------
+
+void RRefContext::releaseAllUsers() {
+  std::vector<std::shared_ptr<UserRRef>> live;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& kv : users_) {
+      if (auto u = kv.second.lock()) live.push_back(std::move(u));
+    }
+  }
+  for (auto& u : live) {
+    if (!u->confirmed() || !u->markDeleted()) continue;
+    try {
+      sendTracked(u->owner(), idsMessage(MessageType::kRRefUserDelete, u->id(), u->forkId()),
+                  kProtocolTimeoutSeconds, "rref", "USER_DELETE", nullptr);
+    } catch (const std::exception& e) {
+      TORCHRPC_WARN(workerName(), "cannot send USER_DELETE of RRef " << u->id().str() << ": "
+                                                                     << e.what());
+    }
+  }
+}
+
+size_t RRefContext::waitIdle(double timeoutSeconds) {
+  std::unique_lock<std::mutex> lock(idleMutex_);
+  idleCv_.wait_for(lock, std::chrono::duration<double>(timeoutSeconds),
+                   [this] { return inFlight_ == 0; });
+  return inFlight_;
+}
+
+void RRefContext::stop() {
+  std::unordered_map<RRefId, OwnerEntry, GlobalIdHash> owners;
+  std::unordered_map<ForkId, std::shared_ptr<UserRRef>, GlobalIdHash> pendingUsers;
+  std::unordered_map<ForkId, std::shared_ptr<RRef>, GlobalIdHash> pendingChildren;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopped_ = true;
+    owners.swap(owners_);
+    pendingUsers.swap(pendingUsers_);
+    pendingChildren.swap(pendingChildren_);
+  }
+  // Dropped here, unlocked; user destructors see stopped_ and send nothing.
+}
+
+RRefContext::Snapshot RRefContext::snapshot() const {
+  Snapshot s;
+  std::vector<std::shared_ptr<UserRRef>> keep;  // dropped after the lock (destructors lock)
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [id, entry] : owners_) {
+    std::vector<std::string> forks;
+    for (const auto& f : entry.forks) forks.push_back(f.str());
+    const auto& v = entry.rref->value();
+    s.owners.emplace_back(id.str(), std::move(forks), v->completed() && !v->hasError(),
+                          v->completed() && v->hasError());
+  }
+  for (const auto& kv : ownerObjects_) s.localOwners.push_back(kv.first.str());
+  for (const auto& [forkId, weak] : users_) {
+    if (auto u = weak.lock()) {
+      s.users.emplace_back(u->id().str(), forkId.str(), u->owner(), u->confirmed(), u->deleted());
+      keep.push_back(std::move(u));
+    }
+  }
+  for (const auto& kv : pendingUsers_) s.pendingUsers.push_back(kv.first.str());
+  for (const auto& kv : pendingChildren_) s.pendingChildren.push_back(kv.first.str());
+  {
+    std::lock_guard<std::mutex> idle(idleMutex_);
+    s.inFlight = inFlight_;
+  }
+  return s;
+}
+
+}  // namespace torchrpc::rref

@@ -1,0 +1,177 @@
+#pragma once
+
+// RRefContext: one per initialised worker; the RRef protocol's state and
+// handlers (upstream's "Remote Reference Protocol", implemented once for
+// script, builtin and Python calls alike).
+//
+// Tables (all under mutex_):
+//   owners_          RRefs this worker owns that some user may reference:
+//                    rrefId -> {OwnerRRef, forks}. An entry exists while its
+//                    fork set is non-empty, or while its value is still being
+//                    created / was asked for before creation started (messages
+//                    of one RRef may be handled out of order: a FORK_REQUEST or
+//                    RREF_FETCH can run before the REMOTE_CALL that creates it).
+//   pendingUsers_    forkId -> UserRRef not yet confirmed by the owner: kept
+//                    alive here so that it cannot send USER_DELETE before the
+//                    owner knows the fork.
+//   pendingChildren_ forkId -> RRef this worker sent to another worker (the
+//                    child) as a user: kept alive until the child is confirmed
+//                    (CHILD_ACCEPT), so dropping our copy right after sending it
+//                    cannot make the owner free the value first.
+//   users_/ownerObjects_  every live RRef object (weak), for listing and shutdown.
+//
+// Protocol steps (upstream's Note [Early Fork Registration] and friends):
+//   fork(rref) on the sender P (pickling an RRef into a message):
+//     owner sends: the new fork is added to owners_ at once;
+//     user sends:  the RRef is kept in pendingChildren_ until CHILD_ACCEPT.
+//   receive(forkData) on the receiver R:
+//     R is the owner: it gets its OwnerRRef; if P == R the fork added while
+//       pickling is dropped again, otherwise P gets CHILD_ACCEPT;
+//     P is the owner: a confirmed UserRRef (the owner registered the fork);
+//     otherwise: a pending UserRRef; FORK_REQUEST to the owner; on its ack the
+//       user is confirmed and P gets CHILD_ACCEPT.
+//   remote(): the caller makes a pending UserRRef and sends REMOTE_CALL; the
+//     owner registers the fork, creates the value, acks; the ack confirms.
+//
+// Threads: every public method may be called from any thread. Handlers run on
+// the agent's pool. Follow-ups of a response (confirm, CHILD_ACCEPT) run on
+// the pool too, never on the I/O thread. No RRef is ever destroyed while
+// mutex_ is held (a UserRRef destructor calls back into the context).
+
+#include <ATen/core/ivalue.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "agent/agent.h"
+#include "rref/rref.h"
+
+namespace torchrpc::rref {
+
+class RRefContext : public std::enable_shared_from_this<RRefContext> {
+ public:
+  using FuturePtr = c10::intrusive_ptr<c10::ivalue::Future>;
+  // Runs a PYTHON_CALL (on a pool thread; takes the GIL) and reports the
+  // result object (as a PyObject IValue) or the exception, exactly once.
+  using PythonRunner =
+      std::function<void(Message&& call, int callerRank, std::function<void(c10::IValue)> onValue,
+                         std::function<void(const RemoteException&)> onError)>;
+  // Encodes a PyObject IValue as a PYTHON_RET response (takes the GIL).
+  using PythonEncoder = std::function<Message(uint64_t id, const c10::IValue& value)>;
+
+  // Creates the context and installs its handlers on the agent.
+  static std::shared_ptr<RRefContext> create(std::shared_ptr<Agent> agent);
+  ~RRefContext();
+
+  void setPythonRunner(PythonRunner runner);
+  void setPythonEncoder(PythonEncoder encoder);
+
+  int rank() const { return rank_; }
+  const std::string& workerName() const { return agent_->options().name; }
+  std::string workerLabel(int rank) const;
+
+  // RRef(value): a new owner RRef of a local value.
+  std::shared_ptr<OwnerRRef> createOwner(c10::IValue value);
+
+  // remote(): `call` is a SCRIPT/BUILTIN/PYTHON call message for rank dst.
+  // Returns dst's OwnerRRef when dst is this worker, else a pending UserRRef.
+  std::shared_ptr<RRef> remote(int dst, Message&& call, double timeoutSeconds,
+                               const std::string& function);
+
+  // to_here() of a user RRef: RREF_FETCH to the owner. The future completes
+  // with the response value: a 1-tuple (value) for an IValue, the usual
+  // (payload, tensors) pair for a Python value; or fails with the owner's error.
+  FuturePtr fetch(const std::shared_ptr<UserRRef>& rref, double timeoutSeconds);
+
+  // Pickling an RRef into a message, and unpickling it on the receiver.
+  ForkData fork(const std::shared_ptr<RRef>& rref);
+  std::shared_ptr<RRef> receive(const ForkData& fork);
+  // The message that carried `fork` was never sent: undo fork().
+  void cancelFork(const ForkData& fork);
+
+  // Graceful shutdown: sends USER_DELETE for every live confirmed user (later
+  // destructors send nothing), then waitIdle().
+  void releaseAllUsers();
+  // Waits until no protocol message of this worker is in flight; returns how
+  // many still are.
+  size_t waitIdle(double timeoutSeconds);
+  // After the agent stopped: drops every table; later releases send nothing.
+  void stop();
+
+  // Protocol handlers; public so unit tests can feed messages in any order.
+  void onForkRequest(const RRefId& rrefId, const ForkId& forkId);
+  void onUserDelete(const RRefId& rrefId, const ForkId& forkId);
+  void onChildAccept(const ForkId& forkId);
+
+  struct Snapshot {
+    // (rrefId, forks known to the owner, value ready, creation failed)
+    std::vector<std::tuple<std::string, std::vector<std::string>, bool, bool>> owners;
+    std::vector<std::string> localOwners;  // every live OwnerRRef object
+    // (rrefId, forkId, owner rank, confirmed, deleted)
+    std::vector<std::tuple<std::string, std::string, int, bool, bool>> users;
+    std::vector<std::string> pendingUsers;     // forkIds
+    std::vector<std::string> pendingChildren;  // forkIds
+    size_t inFlight{0};
+  };
+  Snapshot snapshot() const;
+
+  // Called by RRef destructors.
+  void userReleased(UserRRef& user);
+  void forgetOwner(const RRefId& id, const OwnerRRef* owner);
+
+ private:
+  struct OwnerEntry {
+    std::shared_ptr<OwnerRRef> rref;
+    std::unordered_set<ForkId, GlobalIdHash> forks;
+    bool creating{false};  // a REMOTE_CALL is running; keep even with no forks
+  };
+
+  explicit RRefContext(std::shared_ptr<Agent> agent);
+  void installHandlers();
+  GlobalId newId();
+  // Finds or creates owners_[id]; mutex_ held.
+  OwnerEntry& ownerEntryLocked(const RRefId& id);
+  // Drops an entry whose forks are gone and that nothing else waits for;
+  // returns the RRef so the caller drops it outside the lock.
+  std::shared_ptr<OwnerRRef> maybeEraseLocked(const RRefId& id);
+  void runCreation(const std::shared_ptr<OwnerRRef>& owner, Message&& call, int callerRank,
+                   std::function<void()> done);
+  void handleRemoteCall(Message&& request, int callerRank, Agent::Responder respond);
+  void handleFetch(Message&& request, Agent::Responder respond);
+  Message encodeValue(uint64_t id, const c10::IValue& value);
+  // Sends a protocol request; `then` runs on the pool with the response
+  // future, after which the in-flight count drops.
+  void sendTracked(int dst, Message&& m, double timeoutSeconds, const std::string& callKind,
+                   const std::string& what, std::function<void(std::exception_ptr)> then);
+  // The owner acknowledged (or failed to) fork `forkId`: confirm the pending
+  // user; tell the parent (if >= 0) with CHILD_ACCEPT.
+  void confirmUser(const ForkId& forkId, std::exception_ptr error, int parent);
+
+  std::shared_ptr<Agent> agent_;
+  const int rank_;
+  std::atomic<int64_t> nextLocal_{1};
+  PythonRunner pythonRunner_;
+  PythonEncoder pythonEncoder_;
+
+  mutable std::mutex mutex_;
+  std::unordered_map<RRefId, OwnerEntry, GlobalIdHash> owners_;
+  std::unordered_map<ForkId, std::shared_ptr<UserRRef>, GlobalIdHash> pendingUsers_;
+  std::unordered_map<ForkId, std::shared_ptr<RRef>, GlobalIdHash> pendingChildren_;
+  std::unordered_map<ForkId, std::weak_ptr<UserRRef>, GlobalIdHash> users_;
+  std::unordered_map<RRefId, const OwnerRRef*, GlobalIdHash> ownerObjects_;
+
+  std::atomic<bool> stopped_{false};
+  mutable std::mutex idleMutex_;
+  std::condition_variable idleCv_;
+  size_t inFlight_{0};  // under idleMutex_
+};
+
+}  // namespace torchrpc::rref

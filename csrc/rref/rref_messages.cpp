@@ -1,0 +1,88 @@
+#include "rref/rref_messages.h"
+
+#include <c10/util/Exception.h>
+
+#include <cstring>
+
+#include "message/payload.h"
+
+namespace torchrpc::rref {
+
+namespace {
+
+constexpr size_t kIdBytes = 12;
+
+void putId(std::string& out, const GlobalId& id) {
+  char buf[kIdBytes];
+  std::memcpy(buf, &id.worker, 4);
+  std::memcpy(buf + 4, &id.local, 8);
+  out.append(buf, kIdBytes);
+}
+
+GlobalId getId(const std::string& in, size_t offset) {
+  GlobalId id;
+  std::memcpy(&id.worker, in.data() + offset, 4);
+  std::memcpy(&id.local, in.data() + offset + 4, 8);
+  return id;
+}
+
+}  // namespace
+
+Message remoteCallMessage(const RRefId& rrefId, const ForkId& forkId, Message&& call) {
+  Message m;
+  m.type = MessageType::kRemoteCall;
+  m.payload.reserve(2 * kIdBytes + 2 + call.payload.size());
+  putId(m.payload, rrefId);
+  putId(m.payload, forkId);
+  uint16_t inner = static_cast<uint16_t>(call.type);
+  m.payload.append(reinterpret_cast<const char*>(&inner), 2);
+  m.payload.append(call.payload);
+  m.tensors = std::move(call.tensors);
+  return m;
+}
+
+Message parseRemoteCall(Message&& m, RRefId* rrefId, ForkId* forkId) {
+  constexpr size_t header = 2 * kIdBytes + 2;
+  TORCH_CHECK(m.payload.size() >= header, "malformed REMOTE_CALL: ", m.payload.size(), " bytes");
+  *rrefId = getId(m.payload, 0);
+  *forkId = getId(m.payload, kIdBytes);
+  uint16_t inner;
+  std::memcpy(&inner, m.payload.data() + 2 * kIdBytes, 2);
+  auto type = static_cast<MessageType>(inner);
+  TORCH_CHECK(type == MessageType::kScriptCall || type == MessageType::kBuiltinCall ||
+                  type == MessageType::kPythonCall,
+              "malformed REMOTE_CALL: inner type ", inner, " is not a call");
+  Message call;
+  call.type = type;
+  call.id = m.id;
+  call.payload = m.payload.substr(header);
+  call.tensors = std::move(m.tensors);
+  return call;
+}
+
+Message idsMessage(MessageType type, const GlobalId& a) {
+  Message m;
+  m.type = type;
+  putId(m.payload, a);
+  return m;
+}
+
+Message idsMessage(MessageType type, const GlobalId& a, const GlobalId& b) {
+  Message m;
+  m.type = type;
+  putId(m.payload, a);
+  putId(m.payload, b);
+  return m;
+}
+
+void parseIds(const Message& m, GlobalId* a, GlobalId* b) {
+  size_t expected = b ? 2 * kIdBytes : kIdBytes;
+  TORCH_CHECK(m.payload.size() == expected, "malformed ", messageTypeName(m.type), ": expected ",
+              expected, " bytes, got ", m.payload.size());
+  *a = getId(m.payload, 0);
+  if (b) *b = getId(m.payload, kIdBytes);
+}
+
+Message ackMessage(uint64_t id) { return ivalueMessage(MessageType::kScriptRet, id, c10::IValue()); }
+
+}  // namespace torchrpc::rref

@@ -1,0 +1,35 @@
+#pragma once
+
+// The RRef protocol's messages (types 30-49 of message_type.h). Payloads are
+// fixed binary headers (ids as int32 worker + int64 counter, little endian),
+// no pickle: they are small and frequent.
+//
+//   REMOTE_CALL        rrefId, forkId, inner call type, then the inner call's
+//                      payload; tensors = the inner call's tensors.
+//                      Owner creates the value; acks when it exists (or failed).
+//   RREF_FETCH         rrefId. Owner answers with the value (see encodeValue
+//                      in rref_context.h) or the creation error.
+//   RREF_USER_DELETE   rrefId, forkId. Owner drops the fork. Ack.
+//   RREF_FORK_REQUEST  rrefId, forkId. Owner adds the fork. Ack.
+//   RREF_CHILD_ACCEPT  forkId. The parent drops the reference that kept its
+//                      RRef alive while the child's fork was unconfirmed. Ack.
+//
+// An ack is a SCRIPT_RET carrying None.
+
+#include "message/message.h"
+#include "rref/rref.h"
+
+namespace torchrpc::rref {
+
+Message remoteCallMessage(const RRefId& rrefId, const ForkId& forkId, Message&& call);
+// Splits a REMOTE_CALL back into ids and the inner call (which keeps the id).
+Message parseRemoteCall(Message&& m, RRefId* rrefId, ForkId* forkId);
+
+Message idsMessage(MessageType type, const GlobalId& a);
+Message idsMessage(MessageType type, const GlobalId& a, const GlobalId& b);
+// Reads `count` ids (1 or 2) from a protocol message; throws on a bad size.
+void parseIds(const Message& m, GlobalId* a, GlobalId* b = nullptr);
+
+Message ackMessage(uint64_t id);
+
+}  // namespace torchrpc::rref

@@ -1,0 +1,165 @@
+"""The RRef protocol of csrc/rref/rref_context, driven directly: three agents
+and their RRef contexts in this one process (no init_rpc), so every step
+(fork, confirmation, CHILD_ACCEPT, USER_DELETE) and out-of-order messages can
+be checked on each side."""
+
+import gc
+
+import pytest
+import torch
+
+from torchrpc import python_fallback
+from torchrpc._extension import native
+
+
+class World:
+    def __init__(self, n):
+        C = native()
+        self.agents = [C.Agent(f"w{r}", r, n, 2, 10.0, "127.0.0.1", "test-host") for r in range(n)]
+        addresses = [a.listen() for a in self.agents]
+        peers = [(f"w{r}", r, tcp, unix, "test-host") for r, (tcp, unix) in enumerate(addresses)]
+        for a in self.agents:
+            a.set_peers(peers)
+        self.ctx = [C.RRefContext(a, python_fallback.handle_remote, python_fallback.encode_value)
+                    for a in self.agents]
+        for a in self.agents:
+            a.start_serving()
+
+    def settle(self):
+        gc.collect()
+        for _ in range(2):
+            for c in self.ctx:
+                assert c.wait_idle(10.0) == 0
+
+    def owners(self, rank):
+        return {o[0]: sorted(o[1]) for o in self.ctx[rank].snapshot()["owners"]}
+
+    def close(self):
+        for c, a in zip(self.ctx, self.agents):
+            a.shutdown()
+            c.stop()
+
+
+@pytest.fixture
+def world():
+    w = World(3)
+    yield w
+    w.close()
+
+
+def fetch(ctx, handle):
+    ok, value = ctx.fetch(handle, 10.0).result()
+    assert ok, value
+    return value[0] if len(value) == 1 else python_fallback.decode_result(value)
+
+
+def test_owner_forks_to_a_user_confirmed_at_once(world):
+    owner = world.ctx[0].create_owner({"v": 1})
+    fork = world.ctx[0].fork(owner)
+    assert world.owners(0) == {owner.id(): [f"{fork[3]}:{fork[4]}"]}
+    user = world.ctx[1].receive(fork)
+    assert not user.is_owner() and user.owner() == 0 and user.confirmed()
+    assert fetch(world.ctx[1], user) == {"v": 1}
+    del user
+    world.settle()
+    assert world.owners(0) == {}
+    assert owner.local_value(1.0) == (True, {"v": 1})  # the owner's own handle keeps it
+
+
+def test_user_forks_to_user_and_drops_its_copy_before_confirmation(world):
+    owner = world.ctx[0].create_owner("value")
+    u1 = world.ctx[1].receive(world.ctx[0].fork(owner))
+    fork = world.ctx[1].fork(u1)  # u1 -> worker2
+    assert world.ctx[1].snapshot()["pending_children"] == [f"{fork[3]}:{fork[4]}"]
+    u1_fork = u1.fork_id()
+    del u1  # the parent drops its copy at once: the pending child keeps it alive
+    gc.collect()
+    assert [u[1] for u in world.ctx[1].snapshot()["users"]] == [u1_fork]
+    u2 = world.ctx[2].receive(fork)  # FORK_REQUEST to worker0, then CHILD_ACCEPT to worker1
+    world.settle()
+    assert u2.confirmed()
+    assert world.ctx[1].snapshot()["pending_children"] == []
+    assert world.ctx[1].snapshot()["users"] == []  # u1 released after the accept...
+    assert world.owners(0) == {owner.id(): [u2.fork_id()]}  # ...and only u2 remains
+    assert fetch(world.ctx[2], u2) == "value"
+    del u2
+    world.settle()
+    assert world.owners(0) == {}
+
+
+def test_user_sends_the_rref_back_to_its_owner(world):
+    owner = world.ctx[0].create_owner(5)
+    u1 = world.ctx[1].receive(world.ctx[0].fork(owner))
+    back = world.ctx[0].receive(world.ctx[1].fork(u1))
+    assert back.is_owner() and back.id() == owner.id()
+    world.settle()  # CHILD_ACCEPT reached worker1
+    assert world.ctx[1].snapshot()["pending_children"] == []
+    assert world.owners(0) == {owner.id(): [u1.fork_id()]}  # the phantom fork is never added
+
+
+def test_owner_sends_to_itself(world):
+    owner = world.ctx[0].create_owner(1)
+    again = world.ctx[0].receive(world.ctx[0].fork(owner))
+    assert again.is_owner() and again.id() == owner.id()
+    assert world.owners(0) == {}
+
+
+def test_out_of_order_messages(world):
+    c = world.ctx[0]
+    # A FORK_REQUEST that arrives before the REMOTE_CALL creating the RRef.
+    c._on_fork_request(1, 777, 2, 5)
+    snap = c.snapshot()
+    assert snap["owners"] == [("1:777", ["2:5"], False, False)]
+    c._on_user_delete(1, 777, 2, 5)
+    assert world.owners(0) == {}
+    # Deletes and accepts nobody expects are ignored.
+    c._on_user_delete(1, 778, 2, 6)
+    c._on_child_accept(2, 99)
+    assert world.owners(0) == {} and c.snapshot()["pending_children"] == []
+
+
+def test_cancelled_forks_are_undone(world):
+    owner = world.ctx[0].create_owner(1)
+    world.ctx[0].cancel_fork(world.ctx[0].fork(owner))
+    assert world.owners(0) == {}
+    u1 = world.ctx[1].receive(world.ctx[0].fork(owner))
+    world.ctx[1].cancel_fork(world.ctx[1].fork(u1))
+    assert world.ctx[1].snapshot()["pending_children"] == []
+
+
+def test_remote_builtin_and_fetch(world):
+    user = world.ctx[0].remote_builtin(1, "aten::add", (torch.ones(2), torch.ones(2)), {}, 10.0)
+    assert not user.is_owner() and user.owner() == 1
+    assert torch.equal(fetch(world.ctx[0], user), torch.full((2,), 2.0))
+    world.settle()
+    assert user.confirmed()
+    assert world.owners(1) == {user.id(): [user.fork_id()]}
+    del user
+    world.settle()
+    assert world.owners(1) == {}
+    assert world.ctx[1].snapshot()["owner_objects"] == []
+
+
+def test_remote_to_an_unreachable_worker_reports_on_to_here(world):
+    world.agents[2].shutdown()
+    user = world.ctx[0].remote_builtin(2, "aten::neg", (torch.ones(1),), {}, 5.0)
+    world.settle()
+    kind, message, _, _ = user.creation_error()
+    assert kind == 2 and "w2" in message  # PeerUnreachable, naming the owner
+
+
+def test_release_all_users_at_shutdown(world):
+    owner = world.ctx[0].create_owner(1)
+    user = world.ctx[1].receive(world.ctx[0].fork(owner))
+    world.ctx[1].release_all_users()
+    world.settle()
+    assert world.owners(0) == {}
+    del user  # already released: sends nothing more
+    gc.collect()
+    assert world.ctx[1].snapshot()["in_flight"] == 0
+
+
+def test_rref_of_another_session_cannot_be_sent(world):
+    owner = world.ctx[0].create_owner(1)
+    with pytest.raises(RuntimeError, match="earlier torchrpc session"):
+        world.ctx[1].fork(owner)

@@ -1,0 +1,262 @@
+"""Remote references: :class:`RRef` and the proxies behind ``rref.rpc_sync()``.
+
+An RRef names a value that lives on one worker, its *owner*. The owner holds
+the value; every other worker holding the RRef holds a *user* RRef, which is
+only ids. :func:`torchrpc.remote` returns an RRef at once while the owner
+creates the value; ``to_here()`` copies the value to the caller.
+
+RRefs can be passed as arguments and results of Python calls (also nested, and
+back to the owner, where they become the owner's RRef). The owner keeps the
+value alive while any worker holds an RRef to it and frees it when the last
+one is gone (upstream's Remote Reference Protocol, implemented in
+``csrc/rref/``). TorchScript functions cannot take RRef arguments yet.
+
+Example::
+
+    >>> rref = torchrpc.remote("worker1", torch.add, args=(torch.ones(2), 1))
+    >>> rref.to_here()
+    tensor([2., 2.])
+    >>> counter = torchrpc.remote("worker1", Counter, args=(0,))   # a remote object
+    >>> counter.rpc_sync().bump(5)                                 # a method call on worker1
+    5
+"""
+
+from torchrpc import constants, errors, python_fallback
+
+
+def _api():
+    from torchrpc import api
+
+    return api
+
+
+def _context(what):
+    api = _api()
+    state = api._state
+    if state is None:
+        raise errors.NotInitializedError(
+            f"{what}: torchrpc is not initialized in this process; call torchrpc.init_rpc() first."
+        )
+    return state
+
+
+class RRef:
+    """A reference to a value owned by one worker.
+
+    ``RRef(value)`` makes this worker the owner of `value`. RRefs made by
+    :func:`torchrpc.remote` or received in a call are user RRefs unless this
+    worker owns the value.
+
+    Thread-safe: one RRef may be used from several threads.
+
+    Args:
+        value: any Python object (kept by reference, not copied).
+        type_hint: accepted for compatibility with ``torch.distributed.rpc`` and ignored.
+
+    .. warning::
+        An RRef is valid only while the torchrpc session that made it runs;
+        after ``shutdown()`` its methods raise.
+    """
+
+    __slots__ = ("_handle", "__weakref__")
+
+    def __init__(self, value, type_hint=None):
+        state = _context("RRef(value)")
+        self._handle = state.rref_ctx.create_owner(value)
+
+    @classmethod
+    def _wrap(cls, handle):
+        rref = cls.__new__(cls)
+        rref._handle = handle
+        return rref
+
+    # ---- identity -----------------------------------------------------------
+
+    def is_owner(self):
+        """Whether this worker owns the value."""
+        return self._handle.is_owner()
+
+    def owner(self):
+        """The owner's :class:`WorkerInfo`."""
+        state = _context("RRef.owner()")
+        return state.workers[self._handle.owner()]
+
+    def owner_name(self):
+        """The owner's worker name."""
+        return self.owner().name
+
+    def confirmed_by_owner(self):
+        """Whether the owner knows about this RRef (always True on the owner).
+
+        A user RRef is confirmed once the owner registered it (remote()'s
+        response, or the owner's answer to the fork request when the RRef came
+        from another user). Before that, this worker keeps it alive even if
+        your code drops it, so the owner cannot free the value early.
+        """
+        return self._handle.confirmed()
+
+    # ---- values -------------------------------------------------------------
+
+    def local_value(self):
+        """The value itself (owner only; no copy).
+
+        Waits until remote() has created it (up to the default RPC timeout).
+
+        Raises:
+            RuntimeError: called on a user RRef (use ``to_here()``).
+            Exception: creating the value raised; re-raised with the owner's
+                name and traceback.
+        """
+        if not self._handle.is_owner():
+            raise RuntimeError(
+                f"local_value() can only be called on the owner of an RRef; this RRef "
+                f"({self._handle.id()}) is owned by {self.owner_name()!r} and this worker is "
+                f"{_context('local_value').me.name!r}. Use to_here() to copy the value here."
+            )
+        return self._owner_value(_context("RRef.local_value()").options.rpc_timeout)
+
+    def _owner_value(self, seconds):
+        ok, value = self._handle.local_value(seconds)
+        if not ok:
+            raise errors.from_native(value)
+        return value
+
+    def to_here(self, timeout=constants.UNSET_RPC_TIMEOUT):
+        """Copies the value to this worker (on the owner: returns the value).
+
+        Args:
+            timeout (float): seconds; ``0`` means no timeout, ``-1`` (default)
+                uses ``RpcOptions.rpc_timeout``.
+
+        Raises:
+            RpcTimeoutError: no value within `timeout`.
+            PeerUnreachableError: the owner exited (the message names it).
+            Exception: creating the value raised on the owner; re-raised with
+                its type, a message naming the owner, and the owner's traceback.
+        """
+        api = _api()
+        state = _context("RRef.to_here()")
+        seconds = api._timeout(timeout, "to_here")
+        if self._handle.is_owner():
+            return self._owner_value(seconds)
+        failure = self._handle.creation_error()
+        if failure is not None:
+            kind, message, remote_type, tb = failure
+            raise errors.from_native((kind, f"remote() of RRef {self._handle.id()} on "
+                                      f"{self.owner_name()} failed: {message}", remote_type, tb))
+        ok, value = state.rref_ctx.fetch(self._handle, seconds).result()
+        if not ok:
+            raise errors.from_native(value)
+        if len(value) == 1:  # an IValue (script or builtin result)
+            return value[0]
+        return python_fallback.decode_result(value)
+
+    # ---- proxies ------------------------------------------------------------
+
+    def rpc_sync(self, timeout=constants.UNSET_RPC_TIMEOUT):
+        """A proxy whose method calls run on the owner: ``rref.rpc_sync().f(x)``
+        is ``rpc_sync(owner, lambda: rref.local_value().f(x))``."""
+        return _Proxy(self, "rpc_sync", timeout)
+
+    def rpc_async(self, timeout=constants.UNSET_RPC_TIMEOUT):
+        """Like :meth:`rpc_sync`, but each method call returns a Future."""
+        return _Proxy(self, "rpc_async", timeout)
+
+    def remote(self, timeout=constants.UNSET_RPC_TIMEOUT):
+        """Like :meth:`rpc_sync`, but each method call returns an RRef of its result,
+        owned by this RRef's owner."""
+        return _Proxy(self, "remote", timeout)
+
+    def backward(self, dist_autograd_ctx_id=-1, retain_graph=False):
+        """Runs distributed backward from this RRef's value (not yet available)."""
+        raise NotImplementedError(
+            "RRef.backward() comes with distributed autograd (torchrpc.autograd), which torchrpc "
+            "does not implement yet."
+        )
+
+    # ---- pickling -----------------------------------------------------------
+
+    def _fork(self):
+        """Fork data for sending this RRef to another worker (see python_fallback)."""
+        return _context("sending an RRef").rref_ctx.fork(self._handle)
+
+    def __reduce__(self):
+        raise TypeError(
+            "an RRef can only be pickled by torchrpc, as an argument or result of an RPC; "
+            "it cannot be saved or sent by other means."
+        )
+
+    def __repr__(self):
+        state = _api()._state
+        owner = self._handle.owner()
+        name = state.workers[owner].name if state is not None and owner < len(state.workers) else owner
+        if self._handle.is_owner():
+            return f"OwnerRRef(owner={name}, id={self._handle.id()})"
+        return f"UserRRef(owner={name}, id={self._handle.id()}, fork={self._handle.fork_id()})"
+
+
+def _receive(fork_data):
+    """Unpickling: the RRef that fork_data names, on this worker."""
+    return RRef._wrap(_context("receiving an RRef").rref_ctx.receive(fork_data))
+
+
+def _cancel(fork_data):
+    """A pickle holding this fork was not sent: undo the fork."""
+    state = _api()._state
+    if state is not None:
+        state.rref_ctx.cancel_fork(fork_data)
+
+
+python_fallback._rref_type = RRef
+python_fallback._rref_receive = _receive
+python_fallback._rref_cancel = _cancel
+
+
+def _invoke_method(rref, name, args, kwargs):
+    """Runs on the owner: a method of the RRef's value."""
+    return getattr(rref.local_value(), name)(*args, **kwargs)
+
+
+class _Proxy:
+    __slots__ = ("_rref", "_kind", "_timeout")
+
+    def __init__(self, rref, kind, timeout):
+        self._rref = rref
+        self._kind = kind
+        self._timeout = timeout
+
+    def __getattr__(self, name):
+        rref, kind, timeout = self._rref, self._kind, self._timeout
+        call = getattr(_api(), kind)
+
+        def method(*args, **kwargs):
+            return call(rref.owner(), _invoke_method, args=(rref, name, args, kwargs), timeout=timeout)
+
+        method.__name__ = name
+        return method
+
+    def __repr__(self):
+        return f"<{self._kind} proxy of {self._rref!r}>"
+
+
+def _live_rrefs():
+    """This worker's RRef tables (for tests and debugging).
+
+    Returns a dict: ``owners`` (rrefId, forks, ready, failed) the owner tracks
+    for users; ``owner_objects`` (every live owner RRef id); ``users`` (rrefId,
+    forkId, owner rank, confirmed, deleted); ``pending_users`` and
+    ``pending_children`` (fork ids awaiting confirmation); ``in_flight``
+    (protocol messages not yet answered).
+    """
+    state = _api()._state
+    if state is None:
+        return {"owners": [], "owner_objects": [], "users": [], "pending_users": [],
+                "pending_children": [], "in_flight": 0}
+    return state.rref_ctx.snapshot()
+
+
+def _wait_idle(timeout=10.0):
+    """Waits until this worker's RRef protocol messages were answered; returns
+    how many are still in flight."""
+    state = _api()._state
+    return 0 if state is None else state.rref_ctx.wait_idle(timeout)
