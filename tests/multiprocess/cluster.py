@@ -167,7 +167,10 @@ class Cluster:
                 try:
                     rpc.rpc_sync(rank, funcs.stop_worker, args=(graceful,), timeout=10)
                 except Exception as exc:
-                    problems.append(f"worker{rank} did not take the stop request: {exc}")
+                    # a worker stopping non-gracefully may close before it answers:
+                    # then its exit code (below) tells whether it stopped well
+                    if graceful or not isinstance(exc, rpc.PeerUnreachableError):
+                        problems.append(f"worker{rank} did not take the stop request: {exc}")
             rpc.shutdown(graceful=graceful and not problems, timeout=timeout)
         finally:
             for rank in alive:
