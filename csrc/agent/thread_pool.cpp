@@ -40,8 +40,13 @@ size_t ThreadPool::busy() const {
 void ThreadPool::work() {
   while (true) {
     std::function<void()> task;
-    spinning_.fetch_add(1);
-    spinUntil([this] { return queued_.load() > 0 || stopping_; });
+    // One idle thread at a time spins for the next task (it saves the wake-up
+    // latency); the others sleep at once. Many spinners would take the CPU
+    // from the I/O thread that brings the tasks (128 calls in flight on 2
+    // cores: 28k -> 5k calls/s).
+    if (spinning_.fetch_add(1) == 0) {
+      spinUntil([this] { return queued_.load() > 0 || stopping_; });
+    }
     spinning_.fetch_sub(1);
     {
       std::unique_lock<std::mutex> lock(mutex_);

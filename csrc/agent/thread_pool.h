@@ -38,7 +38,7 @@ class ThreadPool {
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;
   std::atomic<size_t> queued_{0};  // tasks_.size(), readable without the lock
-  std::atomic<size_t> spinning_{0};  // threads polling queued_ before sleeping
+  std::atomic<size_t> spinning_{0};  // idle threads about to sleep (at most one of them polls first)
   size_t running_{0};
   size_t alive_{0};
   std::condition_variable exited_;
