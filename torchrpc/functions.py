@@ -47,3 +47,14 @@ def async_execution(fn):
 
 def is_async_execution(fn):
     return getattr(fn, _MARK, False)
+
+
+class Deferred:
+    """What a helper that runs a user's function on the callee returns when
+    that function is @async_execution (e.g. a method called through an RRef
+    proxy): the callee answers with the future's value, once it completes."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future):
+        self.future = future

@@ -261,13 +261,15 @@ def handle_call(payload, tensors, caller_rank):
     if outcome[0] != "ok":
         return outcome
     _, result, name, fn = outcome
-    if functions.is_async_execution(fn):
-        if not isinstance(result, torch._C.Future):
+    deferred = isinstance(result, functions.Deferred)  # e.g. an async method through an RRef proxy
+    if deferred or functions.is_async_execution(fn):
+        future = result.future if deferred else result
+        if not isinstance(future, torch._C.Future):
             return _error(TypeError(
                 f"{name!r} is decorated with @torchrpc.functions.async_execution, so it must return a "
-                f"torch.futures.Future; it returned {type(result).__name__}"), name)
+                f"torch.futures.Future; it returned {type(future).__name__}"), name)
         # The native bridge responds when this completes; no thread waits for it.
-        return ("async", result.then(lambda done: _outcome(done, name)))
+        return ("async", future.then(lambda done: _outcome(done, name)))
     return encode_value(result, name)
 
 

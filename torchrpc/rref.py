@@ -21,7 +21,7 @@ Example::
     5
 """
 
-from torchrpc import constants, errors, python_fallback
+from torchrpc import constants, errors, functions, python_fallback
 
 
 def _api():
@@ -213,8 +213,11 @@ python_fallback._rref_cancel = _cancel
 
 
 def _invoke_method(rref, name, args, kwargs):
-    """Runs on the owner: a method of the RRef's value."""
-    return getattr(rref.local_value(), name)(*args, **kwargs)
+    """Runs on the owner: a method of the RRef's value. An @async_execution
+    method's future is answered when it completes (rpc_sync/rpc_async proxies)."""
+    method = getattr(rref.local_value(), name)
+    result = method(*args, **kwargs)
+    return functions.Deferred(result) if functions.is_async_execution(method) else result
 
 
 class _Proxy:

@@ -5,29 +5,13 @@
 #include <optional>
 
 #include "message/payload.h"
+#include "python_fallback/run_python.h"
 
 namespace py = pybind11;
 
 namespace torchrpc::python_fallback {
 
 namespace {
-
-std::shared_ptr<py::object> sharedPyObject(py::object obj) {
-  return std::shared_ptr<py::object>(new py::object(std::move(obj)), [](py::object* p) {
-    if (Py_IsInitialized()) {
-      py::gil_scoped_acquire gil;
-      delete p;
-    } else {
-      p->release();
-      delete p;
-    }
-  });
-}
-
-RemoteException errorOf(const py::tuple& out, const std::string& worker) {
-  return RemoteException{out[1].cast<std::string>(), out[2].cast<std::string>(),
-                         out[3].cast<std::string>(), out[4].cast<std::string>(), worker};
-}
 
 // A Python object inside an IValue. (torch's ConcretePyObjectHolder would do,
 // but its type inference uses a symbol libtorch_python does not export.) The
@@ -88,7 +72,7 @@ void installRRefPython(rref::RRefContext& ctx, py::object runner, py::object enc
         if (out[0].cast<std::string>() == "ok") {
           value = pyObjectIValue(py::reinterpret_borrow<py::object>(out[1]));
         } else {
-          error = errorOf(out, worker);
+          error = remoteExceptionFrom(out, worker);
         }
       } catch (py::error_already_set& e) {
         error = RemoteException{"RuntimeError",
@@ -106,7 +90,7 @@ void installRRefPython(rref::RRefContext& ctx, py::object runner, py::object enc
   ctx.setPythonEncoder([encode, worker](uint64_t id, const c10::IValue& value) {
     py::gil_scoped_acquire gil;
     py::tuple out = (*encode)(py::handle(value.toPyObject()));
-    if (out[0].cast<std::string>() != "ok") return exceptionMessage(id, errorOf(out, worker));
+    if (out[0].cast<std::string>() != "ok") return exceptionMessage(id, remoteExceptionFrom(out, worker));
     Message m;
     m.type = MessageType::kPythonRet;
     m.id = id;

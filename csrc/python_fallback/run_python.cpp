@@ -10,10 +10,6 @@ namespace py = pybind11;
 
 namespace torchrpc::python_fallback {
 
-namespace {
-
-// A py::object that may be destroyed on any thread: it takes the GIL to drop
-// its reference.
 std::shared_ptr<py::object> sharedPyObject(py::object obj) {
   return std::shared_ptr<py::object>(new py::object(std::move(obj)), [](py::object* p) {
     if (Py_IsInitialized()) {
@@ -26,7 +22,10 @@ std::shared_ptr<py::object> sharedPyObject(py::object obj) {
   });
 }
 
-}  // namespace
+RemoteException remoteExceptionFrom(const py::tuple& out, const std::string& worker) {
+  return RemoteException{out[1].cast<std::string>(), out[2].cast<std::string>(),
+                         out[3].cast<std::string>(), out[4].cast<std::string>(), worker};
+}
 
 std::shared_ptr<script_dispatch::Callee> calleeFromPython(const py::handle& scriptFunction) {
   if (py::hasattr(scriptFunction, "_c")) {  // a torch.jit.ScriptModule: its forward
@@ -51,9 +50,7 @@ Message responseFrom(const py::handle& outcome, uint64_t id, const std::string& 
     for (auto t : out[2]) response.tensors.push_back(py::cast<at::Tensor>(t));
     return response;
   }
-  return exceptionMessage(id, RemoteException{out[1].cast<std::string>(), out[2].cast<std::string>(),
-                                              out[3].cast<std::string>(), out[4].cast<std::string>(),
-                                              worker});
+  return exceptionMessage(id, remoteExceptionFrom(out, worker));
 }
 
 Message bridgeFailure(uint64_t id, const std::string& what, const std::string& worker) {

@@ -8,6 +8,7 @@
 #include <pybind11/pybind11.h>
 
 #include "agent/agent.h"
+#include "message/payload.h"
 
 namespace torchrpc::python_fallback {
 
@@ -19,8 +20,14 @@ void installPythonHandler(Agent& agent, pybind11::object handler);
 // resolver(name: str, module_hint: str) -> torch.jit.ScriptFunction | None
 void installScriptResolver(Agent& agent, pybind11::object resolver);
 
-// Wraps a Python ScriptFunction as a GIL-free callee.
 // A ScriptFunction, or a ScriptModule (its forward), as a GIL-free callee.
 std::shared_ptr<script_dispatch::Callee> calleeFromPython(const pybind11::handle& scriptFunction);
+
+// A py::object that may be destroyed on any thread: it takes the GIL to drop
+// its reference.
+std::shared_ptr<pybind11::object> sharedPyObject(pybind11::object obj);
+
+// The exception of a handler's ("err", type, message, traceback, function).
+RemoteException remoteExceptionFrom(const pybind11::tuple& outcome, const std::string& worker);
 
 }  // namespace torchrpc::python_fallback

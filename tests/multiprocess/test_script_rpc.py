@@ -233,3 +233,12 @@ def test_shipped_code_hash_or_format_mismatch_is_refused(unseen):
         call = agent.script_call(1, "helper", "", unseen.helper, (X,), {}, 10.0, "rpc_sync", shipped)
         ok, info = call.result()
         assert not ok and info[2] == "ValueError" and match in info[1], info
+
+
+@pytest.mark.parametrize("kind", ["rpc_sync", "rpc_async"])
+def test_async_execution_method_through_rref_proxies(kind):
+    # worker1 has one thread: the method's call to worker1 itself can only
+    # run because the async method frees it
+    math = rpc.remote("worker1", funcs.AsyncMath, args=(5,))
+    out = getattr(math, kind)(timeout=20).bound_async_add("worker1", X, X)
+    assert torch.equal(out if kind == "rpc_sync" else out.wait(), X + X + 5)
