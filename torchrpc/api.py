@@ -83,6 +83,7 @@ class _State:
         self.rref_ctx = rref_ctx  # the RRef protocol (csrc/rref)
         self.callbacks = native().CallbackRunner()  # runs rpc_async completions
         self.addresses = addresses  # (tcp, unix) this worker listens on
+        self.closing = False  # shutdown() has begun
         self.me = me
         self.workers = workers  # by rank
         self.by_name = {w.name: w for w in workers}
@@ -181,9 +182,11 @@ def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):
     global _state
     with _state_lock:
         state = _state
-        if state is None:
+        if state is None or state.closing:
             return
-        _state = None
+        # The worker keeps serving until every worker got here, and what it
+        # serves may use torchrpc (nested calls, RRefs): _state stays set.
+        state.closing = True
     failure = None
     leaked = []
     try:
@@ -210,6 +213,8 @@ def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):
         state.callbacks.stop()  # runs the completions of the calls shutdown failed
         python_fallback.forget_sent()
         shipped_code.forget()
+        with _state_lock:
+            _state = None
     if failure is not None:
         raise failure
     if leaked:

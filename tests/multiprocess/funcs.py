@@ -243,6 +243,9 @@ def stop_worker_later(delay, call_back_to):
         time.sleep(delay)
         value = rpc.rpc_sync(call_back_to, no_tensors, args=(21,))
         print(f"call back during shutdown returned {value}", flush=True)
+        # a Python callee that uses torchrpc itself, while its worker shuts down
+        info = rpc.rpc_sync(call_back_to, rpc.get_worker_info)
+        print(f"get_worker_info during shutdown returned {info.name}", flush=True)
         _main_tasks.put(True)
 
     _main_tasks.put(later)

@@ -61,6 +61,7 @@ def test_graceful_shutdown_waits_for_every_worker_and_keeps_serving():
         assert took >= 0.9, f"shutdown returned after {took:.2f} s, before worker1 reached it"
         assert job.procs[1].wait(timeout=30) == 0
         assert "call back during shutdown returned 42" in job.log(1)
+        assert "get_worker_info during shutdown returned worker0" in job.log(1), job.log(1)
     finally:
         job.kill_all()
 

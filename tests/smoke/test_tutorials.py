@@ -32,3 +32,10 @@ def test_torchscript_deployment_tutorial_serves_from_cpp():
     served = next(line for line in out.splitlines() if "server.forward(" in line).split(" = ")[1]
     local = next(line for line in out.splitlines() if "the same model run here gives" in line).split("gives ")[1]
     assert served == local, out
+
+
+@pytest.mark.timeout(180)
+def test_rl_cartpole_tutorial_runs_episodes():
+    out = run(["tutorials/rl_cartpole.py", "--observers", "2", "--episodes", "20"], timeout=170)
+    rewards = [float(line.split()[-1]) for line in out.splitlines() if line.startswith("episode")]
+    assert len(rewards) == 2 and all(r > 0 for r in rewards), out
