@@ -76,5 +76,34 @@ def busy_python(iters):
     return iters
 
 
+class Counter:
+    """A remote object for the RRef benchmarks."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def bump(self, by):
+        self.value += by
+        return self.value
+
+
+def owner_rref_count():
+    """Live owner RRefs on this worker, for either library."""
+    try:
+        import torchrpc.rref
+
+        if torchrpc.api._state is not None:
+            return len(torchrpc.rref._live_rrefs()["owner_objects"])
+    except ImportError:
+        pass
+    return int(torch_rpc._rref_context_get_debug_info()["num_owner_rrefs"])
+
+
+def rss_bytes():
+    """This process's resident memory."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
 #: Iterations of busy_script / busy_python: a few milliseconds on a 2-core VM.
 BUSY_ITERS = 400

@@ -80,6 +80,19 @@ def _rows():
                     lambda r: r["main"]["unseen"]["first_ms"]))
     rows.append(Row("unseen.later", "unseen script fn: later calls", "us", False,
                     lambda r: r["main"]["unseen"]["later_us"]))
+    for kind in ("script", "builtin", "python"):
+        rows.append(Row(f"rref.remote.{kind}", f"remote() + to_here(), {kind}", "us", False,
+                        lambda r, k=kind: r["main"]["rref"]["remote_to_here_us"][k]["median"]))
+    rows.append(Row("rref.to_here", "to_here() of an existing RRef", "us", False,
+                    lambda r: r["main"]["rref"]["to_here_us"]["median"]))
+    rows.append(Row("rref.proxy", "rref.rpc_sync().method()", "us", False,
+                    lambda r: r["main"]["rref"]["proxy_us"]["median"]))
+    rows.append(Row("rref.churn_s", "create + drop RRefs (10k full, 1k quick)", "s", False,
+                    lambda r: r["main"]["rref"]["churn"]["seconds"]))
+    rows.append(Row("rref.churn_rss", "owner memory growth after the churn", "MB", False,
+                    lambda r: r["main"]["rref"]["churn"]["owner_rss_growth_mb"]))
+    rows.append(Row("rref.churn_live", "live owner RRefs after the churn", "n", False,
+                    lambda r: r["main"]["rref"]["churn"]["live_owner_rrefs_after"]))
     rows.append(Row("idle.callee", "idle CPU, callee", "pct", False, lambda r: r["main"]["idle"]["callee_pct"]))
     rows.append(Row("idle.caller", "idle CPU, caller", "pct", False, lambda r: r["main"]["idle"]["caller_pct"]))
     for world in (2, 4):
@@ -113,6 +126,12 @@ TARGETS = [
     Target("idle.caller", "< 1% of a core", lambda t, o, ratio, floor: o < 1),
     Target("init.4", "< 100 ms", lambda t, o, ratio, floor: o < 100),
     Target("script_caller.gap", "<= 1x (no Python between)", lambda t, o, ratio, floor: o <= 1.0),
+    Target("rref.remote.script", ">= 3x torch", lambda t, o, ratio, floor: ratio >= 3),
+    Target("rref.remote.builtin", ">= 3x torch", lambda t, o, ratio, floor: ratio >= 3),
+    Target("rref.remote.python", ">= 3x torch", lambda t, o, ratio, floor: ratio >= 3),
+    Target("rref.to_here", ">= 3x torch", lambda t, o, ratio, floor: ratio >= 3),
+    Target("rref.proxy", ">= 3x torch", lambda t, o, ratio, floor: ratio >= 3),
+    Target("rref.churn_live", "0 left", lambda t, o, ratio, floor: o == 0),
 ]
 
 
@@ -171,6 +190,8 @@ def fmt(value, unit):
         return f"{value:.1f}%"
     if unit == "x":
         return f"{value:.2f}x"
+    if unit in ("s", "MB"):
+        return f"{value:.2f} {unit}"
     return f"{value:g} {unit}"
 
 

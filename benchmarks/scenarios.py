@@ -153,6 +153,57 @@ def unseen_script_function(rpc, to, cfg):
     return {"first_ms": statistics.median(first) * 1e3, "later_us": statistics.median(later) * 1e6}
 
 
+def rrefs(rpc, to, cfg):
+    """remote() + to_here() latency, to_here() of an existing RRef, a method
+    call through rref.rpc_sync(), and creating and dropping many RRefs
+    (callee memory and live owner RRefs before and after).
+
+    Returns:
+        {"remote_to_here_us": {kind: summary}, "to_here_us": summary,
+         "proxy_us": summary, "churn": {...}}.
+    """
+    import gc
+
+    x, n, warmup = torch.ones(2), cfg["rref_samples"], cfg["rref_samples"] // 10
+    out = {"remote_to_here_us": {}}
+    for kind in ("script", "builtin", "python"):
+        fn, args = LATENCY_CALLS[kind]
+        samples = _measure.time_each(lambda: rpc.remote(to, fn, args=args).to_here(), n, warmup)
+        out["remote_to_here_us"][kind] = _measure.summarize([s * 1e6 for s in samples])
+    rref = rpc.remote(to, remote_fns.tiny_script, args=(x,))
+    samples = _measure.time_each(lambda: rref.to_here(), n, warmup)
+    out["to_here_us"] = _measure.summarize([s * 1e6 for s in samples])
+    counter = rpc.remote(to, remote_fns.Counter, args=(0,))
+    samples = _measure.time_each(lambda: counter.rpc_sync().bump(1), n, warmup)
+    out["proxy_us"] = _measure.summarize([s * 1e6 for s in samples])
+    del rref, counter
+    gc.collect()
+    time.sleep(0.5)  # let deletions reach the owner
+
+    def owner_state():
+        return (rpc.rpc_sync(to, remote_fns.rss_bytes), rpc.rpc_sync(to, remote_fns.owner_rref_count))
+
+    rss_before, live_before = owner_state()
+    start = time.perf_counter()
+    for _ in range(cfg["rref_churn"] // 100):
+        _create_and_drop(rpc, to, x, 100)
+    churn_s = time.perf_counter() - start
+    gc.collect()
+    time.sleep(1.0)
+    rss_after, live_after = owner_state()
+    out["churn"] = {"rrefs": cfg["rref_churn"], "seconds": churn_s,
+                    "owner_rss_growth_mb": (rss_after - rss_before) / 1e6,
+                    "live_owner_rrefs_before": live_before, "live_owner_rrefs_after": live_after}
+    return out
+
+
+def _create_and_drop(rpc, to, x, n):
+    """n RRefs created, fetched, and dropped when this returns."""
+    batch = [rpc.remote(to, remote_fns.tiny_script, args=(x,)) for _ in range(n)]
+    for rref in batch:
+        rref.to_here()
+
+
 def cpu_bound(rpc, to, control, index, callers, cfg):
     """Scaling of a CPU-bound callee (a few ms per call) from 1 to `callers`
     concurrent callers, each a separate process calling rpc_sync back to back.

@@ -53,6 +53,7 @@ def job_main(backend, control, rank, spec):
     result["throughput"] = scenarios.throughput(rpc, CALLEE, cfg)
     result["send"] = scenarios.tensor_send(rpc, CALLEE, cfg)
     result["script_caller"] = scenarios.script_caller(backend, CALLEE, cfg)
+    result["rref"] = scenarios.rrefs(rpc, CALLEE, cfg)
     if backend.name == "torchrpc":  # torch.distributed.rpc cannot run code the callee lacks
         result["unseen"] = scenarios.unseen_script_function(rpc, CALLEE, cfg)
     rpc.shutdown()
