@@ -94,7 +94,9 @@ def train(rank, rounds, seed):
         grads = torch.autograd.grad(loss, list(model.parameters()))
         params = rpc.rpc_sync("server", BatchUpdateParameterServer.update_and_fetch, args=(grads,))
         if step % max(1, rounds // 5) == 0 or step == rounds - 1:
-            print(f"trainer{rank}: round {step:3d}  loss {loss.item():.4f}", flush=True)
+            # one write per line: several trainers share the terminal
+            sys.stdout.write(f"trainer{rank}: round {step:3d}  loss {loss.item():.4f}\n")
+            sys.stdout.flush()
 
 
 def options(port):
