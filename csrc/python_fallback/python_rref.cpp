@@ -64,11 +64,7 @@ void installRRefPython(rref::RRefContext& ctx, py::object runner, py::object enc
     {
       py::gil_scoped_acquire gil;
       try {
-        py::list tensors;
-        for (auto& t : call.tensors) tensors.append(py::cast(std::move(t)));
-        auto view = py::memoryview::from_memory(call.payload.data(),
-                                                static_cast<py::ssize_t>(call.payload.size()));
-        py::tuple out = (*run)(view, tensors, callerRank);
+        py::tuple out = callPythonHandler(*run, call, callerRank);
         if (out[0].cast<std::string>() == "ok") {
           value = pyObjectIValue(py::reinterpret_borrow<py::object>(out[1]));
         } else {

@@ -22,6 +22,14 @@ std::shared_ptr<py::object> sharedPyObject(py::object obj) {
   });
 }
 
+py::tuple callPythonHandler(const py::object& handler, Message& request, int callerRank) {
+  py::list tensors;
+  for (auto& t : request.tensors) tensors.append(py::cast(std::move(t)));
+  auto view = py::memoryview::from_memory(request.payload.data(),
+                                          static_cast<py::ssize_t>(request.payload.size()));
+  return handler(view, tensors, callerRank);
+}
+
 RemoteException remoteExceptionFrom(const py::tuple& out, const std::string& worker) {
   return RemoteException{out[1].cast<std::string>(), out[2].cast<std::string>(),
                          out[3].cast<std::string>(), out[4].cast<std::string>(), worker};
@@ -71,11 +79,7 @@ void installPythonHandler(Agent& agent, py::object handler) {
     {
       py::gil_scoped_acquire gil;
       try {
-        py::list tensors;
-        for (auto& t : request.tensors) tensors.append(py::cast(std::move(t)));
-        auto view = py::memoryview::from_memory(request.payload.data(),
-                                                static_cast<py::ssize_t>(request.payload.size()));
-        py::tuple out = (*fn)(view, tensors, callerRank);
+        py::tuple out = callPythonHandler(*fn, request, callerRank);
         if (out[0].cast<std::string>() == "async") {
           // @async_execution: respond when the function's future completes
           // (its value is already an outcome tuple); this thread is free now.

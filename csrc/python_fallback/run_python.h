@@ -27,6 +27,10 @@ std::shared_ptr<script_dispatch::Callee> calleeFromPython(const pybind11::handle
 // its reference.
 std::shared_ptr<pybind11::object> sharedPyObject(pybind11::object obj);
 
+// Calls handler(payload as memoryview, tensors, caller_rank), as every
+// Python handler is called (the payload is viewed, not copied). Needs the GIL.
+pybind11::tuple callPythonHandler(const pybind11::object& handler, Message& request, int callerRank);
+
 // The exception of a handler's ("err", type, message, traceback, function).
 RemoteException remoteExceptionFrom(const pybind11::tuple& outcome, const std::string& worker);
 

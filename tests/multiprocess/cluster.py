@@ -137,6 +137,17 @@ class Cluster:
         finally:
             _live.discard(self)
 
+    @contextlib.contextmanager
+    def unmanaged(self):
+        """Starts the job for a test that ends it itself (shutdown tests);
+        kills whatever is left of it afterwards instead of stopping it."""
+        self.__enter__()
+        try:
+            yield self
+        finally:
+            self.kill_all()
+            _live.discard(self)
+
     def kill(self, rank):
         """SIGKILLs worker `rank` and waits for it to be gone."""
         proc = self.procs[rank]

@@ -50,9 +50,7 @@ def test_duplicate_name_is_rejected_naming_it(tmp_path):
 
 
 def test_graceful_shutdown_waits_for_every_worker_and_keeps_serving():
-    job = Cluster(2)
-    job.__enter__()
-    try:
+    with Cluster(2).unmanaged() as job:
         # worker1 calls back into this process 1 s from now, then shuts down
         rpc.rpc_sync("worker1", funcs.stop_worker_later, args=(1.0, "worker0"))
         started = time.monotonic()
@@ -62,14 +60,10 @@ def test_graceful_shutdown_waits_for_every_worker_and_keeps_serving():
         assert job.procs[1].wait(timeout=30) == 0
         assert "call back during shutdown returned 42" in job.log(1)
         assert "get_worker_info during shutdown returned worker0" in job.log(1), job.log(1)
-    finally:
-        job.kill_all()
 
 
 def test_non_graceful_shutdown_is_local_and_fails_pending_calls():
-    job = Cluster(2)
-    job.__enter__()
-    try:
+    with Cluster(2).unmanaged() as job:
         fut = rpc.rpc_async("worker1", funcs.sleep, args=(10,))
         time.sleep(0.2)
         started = time.monotonic()
@@ -79,18 +73,12 @@ def test_non_graceful_shutdown_is_local_and_fails_pending_calls():
             fut.wait()
         with pytest.raises(rpc.NotInitializedError, match="init_rpc"):
             rpc.rpc_sync("worker1", funcs.pid)
-    finally:
-        job.kill_all()
 
 
 def test_graceful_shutdown_timeout_names_what_is_missing():
-    job = Cluster(2)
-    job.__enter__()
-    try:
+    with Cluster(2).unmanaged() as job:
         started = time.monotonic()
         with pytest.raises(rpc.RpcTimeoutError, match="not every worker reached shutdown within 1"):
             rpc.shutdown(graceful=True, timeout=1)
         assert time.monotonic() - started < 10
         assert not rpc.api._debug_info()["initialized"]
-    finally:
-        job.kill_all()
