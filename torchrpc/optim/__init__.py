@@ -1,0 +1,7 @@
+"""Optimizers for parameters that live on other workers.
+
+:mod:`torchrpc.optim.functional` holds the TorchScript functional optimizers
+(``FunctionalSGD``, ``FunctionalAdam``, ...) that a parameter owner runs
+without the GIL, and :func:`~torchrpc.optim.functional.functional_optimizer`,
+which maps a ``torch.optim`` class and its arguments to one of them.
+"""
