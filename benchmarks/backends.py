@@ -20,12 +20,20 @@ class Backend:
     Attributes:
         name (str): "torch" or "torchrpc".
         rpc (module): the module with init_rpc, rpc_sync, rpc_async, shutdown.
+        autograd (module): distributed autograd (context, backward, get_gradients).
+        optim (module): the module with DistributedOptimizer.
     """
 
     def __init__(self, name, rpc, transports=None):
         self.name = name
         self.rpc = rpc
         self._transports = transports
+        # distributed autograd and DistributedOptimizer's module
+        if name == "torchrpc":
+            self.autograd, self.optim = rpc.autograd, rpc.optim
+        else:
+            self.autograd = importlib.import_module("torch.distributed.autograd")
+            self.optim = importlib.import_module("torch.distributed.optim")
 
     def options(self, port, num_worker_threads, rpc_timeout):
         """Backend options for a job whose rendezvous is tcp://127.0.0.1:<port>."""

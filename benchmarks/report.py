@@ -100,6 +100,14 @@ def _rows():
                         lambda r, w=world: r[f"init{w}"]["init_ms"]))
         rows.append(Row(f"shutdown.{world}", f"shutdown, {world} workers", "ms", False,
                         lambda r, w=world: r[f"init{w}"]["shutdown_ms"]))
+    for phase in ("iteration", "forward", "backward", "step"):
+        rows.append(Row(f"training.{phase}", f"split-RNN training {phase}", "ms", False,
+                        lambda r, p=phase: r["training"]["training"][f"{p}_ms"]["median"]))
+    rows.append(Row("training.its", "split-RNN training iterations", "it/s", True,
+                    lambda r: 1e3 / r["training"]["training"]["iteration_ms"]["median"]))
+    rows.append(Row("training.vs_local", "split-RNN iteration / same model local", "x", False,
+                    lambda r: r["training"]["training"]["iteration_ms"]["median"]
+                    / r["training"]["training"]["local_ms"]["median"]))
     return rows
 
 
@@ -132,6 +140,8 @@ TARGETS = [
     Target("rref.to_here", ">= 3x torch", lambda t, o, ratio, floor: ratio >= 3),
     Target("rref.proxy", ">= 3x torch", lambda t, o, ratio, floor: ratio >= 3),
     Target("rref.churn_live", "0 left", lambda t, o, ratio, floor: o == 0),
+    Target("training.its", ">= 2x torch", lambda t, o, ratio, floor: ratio >= 2),
+    Target("training.vs_local", "<= 1.5x local", lambda t, o, ratio, floor: o <= 1.5),
 ]
 
 

@@ -46,8 +46,10 @@ CONFIGS = {
         "cpu_rounds": 3, "cpu_round_s": 1.0,
         "init_reps": 7,
         "floor_round_trips": 20000,
+        "train_iterations": 300,
+        "rnn": {"ntoken": 50, "ninp": 32, "nhid": 64, "nlayers": 2, "seq_len": 12, "batch": 16},
         "job_timeout_s": 150.0,
-        "jobs": ["main", "scaling", "init2", "init4"],
+        "jobs": ["main", "scaling", "training", "init2", "init4"],
     },
     "quick": {
         "threads": 16, "rpc_timeout": 30.0,
@@ -58,14 +60,17 @@ CONFIGS = {
         "cpu_rounds": 1, "cpu_round_s": 0.3,
         "init_reps": 2,
         "floor_round_trips": 2000,
+        "train_iterations": 30,
+        "rnn": {"ntoken": 50, "ninp": 32, "nhid": 64, "nlayers": 2, "seq_len": 12, "batch": 16},
         "job_timeout_s": 60.0,
-        "jobs": ["main", "scaling", "init4"],
+        "jobs": ["main", "scaling", "training", "init4"],
     },
 }
 
 #: (result key, job, world size): what can run, in order, for each backend
 #: (a config's "jobs" picks by result key).
-JOBS = [("main", "main", 2), ("scaling", "scaling", 3), ("init2", "init", 2), ("init4", "init", 4)]
+JOBS = [("main", "main", 2), ("scaling", "scaling", 3), ("training", "training", 2),
+        ("init2", "init", 2), ("init4", "init", 4)]
 
 
 def socket_floor(cfg):
@@ -139,13 +144,17 @@ def main(argv=None):
                         help="directory for results.json, results.md, ratios.png")
     parser.add_argument("--backends", default=",".join(backends.NAMES),
                         help="comma-separated subset of: " + ", ".join(backends.NAMES))
+    parser.add_argument("--jobs", default=None,
+                        help="comma-separated subset of the config's jobs (e.g. training)")
     parser.add_argument("--torch-transports", default=None,
                         help="TensorPipe transports for torch.distributed.rpc, e.g. 'uv' (default: its own choice)")
     args = parser.parse_args(argv)
     names = [n for n in backends.NAMES if n in args.backends.split(",")]
     transports = args.torch_transports.split(",") if args.torch_transports else None
     cfg_name = "quick" if args.quick else "full"
-    cfg = CONFIGS[cfg_name]
+    cfg = dict(CONFIGS[cfg_name])
+    if args.jobs:
+        cfg["jobs"] = [j for j in cfg["jobs"] if j in args.jobs.split(",")]
     started = time.monotonic()
     load = os.getloadavg()
     print(f"torchrpc benchmarks ({cfg_name}): {', '.join(backends.LABELS[n] for n in names)}; "

@@ -204,6 +204,64 @@ def _create_and_drop(rpc, to, x, n):
         rref.to_here()
 
 
+def training(backend, ps, cfg):
+    """One training iteration of tutorials/distributed_rnn.py's split model
+    (embedding and decoder on `ps`, the LSTM here; SGD), against the same
+    three modules trained in this process alone.
+
+    Returns:
+        {"local_ms", "iteration_ms", "forward_ms", "backward_ms", "step_ms":
+         summaries of per-iteration ms; "sizes": the model's sizes}.
+    """
+    from tutorials import distributed_rnn as rnn
+
+    rnn.rpc = backend.rpc  # the tutorial's model on this backend
+    sz = cfg["rnn"]
+    n, warmup = cfg["train_iterations"], cfg["train_iterations"] // 10
+    tokens, target = next(rnn.batches(sz["ntoken"], sz["seq_len"], sz["batch"], 1,
+                                      torch.Generator().manual_seed(0)))
+    hidden_shape = (sz["nlayers"], sz["batch"], sz["nhid"])
+    criterion = torch.nn.CrossEntropyLoss()
+
+    def loss_of(logits):
+        return criterion(logits.reshape(-1, sz["ntoken"]), target.reshape(-1))
+
+    torch.manual_seed(0)
+    emb, dec = rnn.EmbeddingTable(sz["ntoken"], sz["ninp"]), rnn.Decoder(sz["ntoken"], sz["nhid"])
+    lstm = torch.nn.LSTM(sz["ninp"], sz["nhid"], sz["nlayers"])
+    local_opt = torch.optim.SGD([*emb.parameters(), *lstm.parameters(), *dec.parameters()], lr=0.01)
+
+    def local_iteration():
+        local_opt.zero_grad()
+        out, _ = lstm(emb(tokens), (torch.zeros(hidden_shape), torch.zeros(hidden_shape)))
+        loss_of(dec(out)).backward()
+        local_opt.step()
+
+    local = _measure.time_each(local_iteration, n, warmup)
+    model = rnn.RNNModel(ps, sz["ntoken"], sz["ninp"], sz["nhid"], sz["nlayers"])
+    opt = backend.optim.DistributedOptimizer(torch.optim.SGD, model.parameter_rrefs(), lr=0.01)
+    phases = {"forward": [], "backward": [], "step": [], "iteration": []}
+    for i in range(n + warmup):
+        t0 = time.perf_counter()
+        with backend.autograd.context() as ctx:
+            logits, _ = model(tokens, (torch.zeros(hidden_shape), torch.zeros(hidden_shape)))
+            loss = loss_of(logits)
+            t1 = time.perf_counter()
+            backend.autograd.backward(ctx, [loss])
+            t2 = time.perf_counter()
+            opt.step(ctx)
+            t3 = time.perf_counter()
+        t4 = time.perf_counter()
+        if i >= warmup:
+            for key, dt in (("forward", t1 - t0), ("backward", t2 - t1), ("step", t3 - t2),
+                            ("iteration", t4 - t0)):
+                phases[key].append(dt)
+    out = {f"{k}_ms": _measure.summarize([s * 1e3 for s in v]) for k, v in phases.items()}
+    out["local_ms"] = _measure.summarize([s * 1e3 for s in local])
+    out["sizes"] = sz
+    return out
+
+
 def cpu_bound(rpc, to, control, index, callers, cfg):
     """Scaling of a CPU-bound callee (a few ms per call) from 1 to `callers`
     concurrent callers, each a separate process calling rpc_sync back to back.

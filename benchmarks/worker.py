@@ -71,13 +71,26 @@ def job_scaling(backend, control, rank, spec):
     return result
 
 
+def job_training(backend, control, rank, spec):
+    """Two workers: the parameter server (rank 0) and the trainer."""
+    if rank == 0:
+        from tutorials import distributed_rnn
+
+        distributed_rnn.rpc = backend.rpc  # its parameter RRefs are this backend's
+        return _serve(backend, control, rank, spec)
+    _init(backend, control, "trainer", rank, spec)
+    result = {"training": scenarios.training(backend, CALLEE, spec["cfg"])}
+    backend.rpc.shutdown()
+    return result
+
+
 def job_init(backend, control, rank, spec):
     """Every worker: init_rpc and shutdown times, once per port."""
     return scenarios.init_shutdown(backend, f"worker{rank}", rank, spec["world_size"],
                                    spec["ports"], control, spec["cfg"])
 
 
-JOBS = {"main": job_main, "scaling": job_scaling, "init": job_init}
+JOBS = {"main": job_main, "scaling": job_scaling, "training": job_training, "init": job_init}
 
 
 def main(argv=None):

@@ -3,7 +3,7 @@
 The API of ``torch.distributed.rpc``: switch with ``import torchrpc as rpc``.
 """
 
-from torchrpc import functions
+from torchrpc import autograd, functions, optim
 from torchrpc.api import (
     WorkerInfo,
     _debug_info,
@@ -42,9 +42,11 @@ __all__ = [
     "TensorPipeRpcBackendOptions",
     "UnknownFunctionError",
     "WorkerInfo",
+    "autograd",
     "functions",
     "get_worker_info",
     "init_rpc",
+    "optim",
     "register",
     "remote",
     "rpc_async",

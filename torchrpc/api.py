@@ -154,6 +154,7 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
             agent.set_python_handler(python_fallback.handle_call)
             agent.set_script_resolver(python_fallback.resolve_script)
             rref_ctx = C.RRefContext(agent, python_fallback.handle_remote, python_fallback.encode_value)
+            C.autograd_install(agent)
             for fn, explicit in _explicit_names.items():
                 agent.register_script(explicit, fn)
             agent.start_serving()

@@ -99,6 +99,8 @@ class _Unpickler(pickle.Unpickler):
             return fn
         index, is_parameter, requires_grad = pid
         t = self._tensors[index]
+        if t.grad_fn is not None:
+            return t  # received in a distributed autograd context: keep its history
         if is_parameter:
             return torch.nn.Parameter(t, requires_grad=requires_grad)
         if requires_grad:

@@ -168,11 +168,17 @@ class RRef:
         return _Proxy(self, "remote", timeout)
 
     def backward(self, dist_autograd_ctx_id=-1, retain_graph=False):
-        """Runs distributed backward from this RRef's value (not yet available)."""
-        raise NotImplementedError(
-            "RRef.backward() comes with distributed autograd (torchrpc.autograd), which torchrpc "
-            "does not implement yet."
-        )
+        """Runs the backward pass from this RRef's value (a one-element tensor), on its owner.
+
+        With a context id, it is a distributed backward pass in that context
+        (see :func:`torchrpc.autograd.backward`; read the gradients with
+        :func:`torchrpc.autograd.get_gradients`). With the default -1, it is a
+        local ``value.backward()`` on the owner.
+        """
+        if not self.is_owner():
+            return _api().rpc_sync(self.owner(), _backward_on_owner,
+                                   args=(self, dist_autograd_ctx_id, retain_graph))
+        return _backward_on_owner(self, dist_autograd_ctx_id, retain_graph)
 
     # ---- pickling -----------------------------------------------------------
 
@@ -193,6 +199,21 @@ class RRef:
         if self._handle.is_owner():
             return f"OwnerRRef(owner={name}, id={self._handle.id()})"
         return f"UserRRef(owner={name}, id={self._handle.id()}, fork={self._handle.fork_id()})"
+
+
+def _backward_on_owner(rref, context_id, retain_graph):
+    import torch
+
+    from torchrpc import autograd
+
+    value = rref.local_value()
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"RRef.backward() needs an RRef of a tensor; {rref!r} holds a "
+                        f"{type(value).__name__}")
+    if context_id == -1:
+        value.backward(retain_graph=retain_graph)
+    else:
+        autograd.backward(context_id, [value], retain_graph=retain_graph)
 
 
 def _receive(fork_data):

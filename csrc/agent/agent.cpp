@@ -184,13 +184,15 @@ Agent::FuturePtr Agent::send(int dst, Message&& request, double timeoutSeconds,
     return future;
   }
   TORCH_CHECK(dst >= 0 && dst < static_cast<int>(peers_.size()), "no worker with rank ", dst);
+  if (interceptor_) interceptor_->outgoingRequest(request, dst);
   Pending::Call call{future, dst, 0, description, timeoutSeconds, std::chrono::steady_clock::now(),
                      deadlineAfter(timeoutSeconds)};
   if (dst == options_.rank) {
     // A call to oneself skips the transport: straight to the pool.
     pending_.add(id, std::move(call));
     pool_->run([this, request = std::move(request)]() mutable {
-      dispatch(std::move(request), options_.rank, [this](Message&& r) { onResponse(std::move(r)); });
+      dispatch(std::move(request), options_.rank,
+               [this](Message&& r) { onResponse(std::move(r), options_.rank); });
     });
     return future;
   }
@@ -221,7 +223,7 @@ Agent::FuturePtr Agent::send(int dst, Message&& request, double timeoutSeconds,
   return future;
 }
 
-void Agent::onResponse(Message&& m) {
+void Agent::onResponse(Message&& m, int src) {
   auto call = pending_.take(m.id);
   if (!call) {
     TORCHRPC_DEBUG(options_.name, "dropping a late response #" << m.id << " ("
@@ -229,6 +231,7 @@ void Agent::onResponse(Message&& m) {
     return;
   }
   try {
+    if (interceptor_) interceptor_->incomingResponse(m, src);
     switch (m.type) {
       case MessageType::kScriptRet:
         call->future->markCompleted(messageIValue(m));
@@ -261,11 +264,42 @@ void Agent::onResponse(Message&& m) {
 }
 
 void Agent::dispatch(Message&& request, int callerRank, Responder respond) {
+  std::shared_ptr<CallScope> scope;
+  if (interceptor_) {
+    try {
+      scope = interceptor_->incomingRequest(request, callerRank);
+    } catch (...) {
+      respond(exceptionMessage(request.id, describeException(std::current_exception(),
+                                                             messageTypeName(request.type),
+                                                             options_.name)));
+      return;
+    }
+  }
+  if (!scope) {
+    dispatchUnscoped(std::move(request), callerRank, std::move(respond), nullptr);
+    return;
+  }
+  // The handler, its continuations and its response all belong to the scope.
+  Responder scoped = [scope, respond = std::move(respond)](Message&& r) {
+    scope->outgoingResponse(r);
+    respond(std::move(r));
+  };
+  scope->run([&] { dispatchUnscoped(std::move(request), callerRank, std::move(scoped), scope); });
+}
+
+void Agent::dispatchUnscoped(Message&& request, int callerRank, Responder respond,
+                             const std::shared_ptr<CallScope>& scope) {
   switch (request.type) {
     case MessageType::kScriptCall:
     case MessageType::kBuiltinCall:
       script_dispatch::run(std::move(request), registry_,
-                           [this](std::function<void()> fn) { pool_->run(std::move(fn)); },
+                           [this, scope](std::function<void()> fn) {
+                             if (!scope) {
+                               pool_->run(std::move(fn));
+                               return;
+                             }
+                             pool_->run([scope, fn = std::move(fn)] { scope->run(fn); });
+                           },
                            options_.name, std::move(respond));
       return;
     default: {
@@ -339,7 +373,7 @@ void Agent::onMessageFromLoop(const std::shared_ptr<Connection>& conn, Message&&
     return;
   }
   if (isResponse(m.type)) {
-    onResponse(std::move(m));
+    onResponse(std::move(m), conn->peerRank());
     return;
   }
   if (isRequest(m.type)) {
@@ -417,6 +451,7 @@ void Agent::shutdown() {
   }
   loop_->stop();
   pending_.stop();
+  if (interceptor_) interceptor_->stop();
   for (auto& state : peerStates_) {
     std::lock_guard<std::mutex> lock(state->mutex);
     state->conn.reset();

@@ -28,6 +28,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "agent/interceptor.h"
 #include "agent/pending.h"
 #include "agent/thread_pool.h"
 #include "message/message.h"
@@ -71,6 +72,9 @@ class Agent {
   // The whole job's table, indexed by rank; after the rendezvous.
   void setPeers(std::vector<PeerInfo> peers);
   void setHandler(MessageType type, Handler handler);
+  // Sees every request and response on its way (distributed autograd). Set it
+  // before startServing(); at most one.
+  void setInterceptor(std::shared_ptr<Interceptor> interceptor) { interceptor_ = std::move(interceptor); }
   // Call once peers and handlers are set. Until then, frames that arrive (a
   // fast peer may finish the rendezvous first) are held, then handled in order.
   void startServing();
@@ -114,8 +118,10 @@ class Agent {
   void onMessageFromLoop(const std::shared_ptr<Connection>& conn, Message&& m);
   void onCloseFromLoop(const std::shared_ptr<Connection>& conn, const std::string& reason);
   void onHelloFromLoop(const std::shared_ptr<Connection>& conn, Message&& m);
-  void onResponse(Message&& m);
+  void onResponse(Message&& m, int src);
   void dispatch(Message&& request, int callerRank, Responder respond);
+  void dispatchUnscoped(Message&& request, int callerRank, Responder respond,
+                        const std::shared_ptr<CallScope>& scope);
   void respondOn(const std::shared_ptr<Connection>& conn, Message&& response);
   std::string peerLabel(int rank) const;
 
@@ -123,6 +129,7 @@ class Agent {
   std::vector<PeerInfo> peers_;
   std::vector<std::unique_ptr<PeerState>> peerStates_;
   std::unordered_map<uint16_t, Handler> handlers_;
+  std::shared_ptr<Interceptor> interceptor_;
   script_dispatch::Registry registry_;
   const std::chrono::steady_clock::time_point started_;
 

@@ -14,10 +14,13 @@
 #include <thread>
 
 #include "agent/agent.h"
+#include "autograd/context.h"
+#include "autograd/engine.h"
 #include "common/error.h"
 #include "common/spin.h"
 #include "jit_ops/rpc_ops.h"
 #include "message/wire.h"
+#include "optim/optimizer.h"
 #include "python_fallback/callback_runner.h"
 #include "python_fallback/python_rref.h"
 #include "python_fallback/run_python.h"
@@ -97,6 +100,23 @@ Call translated(F&& send) {
     throw py::type_error(e.what_without_backtrace());
   } catch (const c10::Error& e) {
     throw py::value_error(e.what_without_backtrace());
+  }
+}
+
+// c10 errors of the core as the matching Python exceptions, without a C++
+// backtrace.
+template <typename F>
+auto pythonErrors(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const c10::ValueError& e) {
+    throw py::value_error(e.what_without_backtrace());
+  } catch (const c10::TypeError& e) {
+    throw py::type_error(e.what_without_backtrace());
+  } catch (const torchrpc::RpcError&) {
+    throw;
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(e.what_without_backtrace());
   }
 }
 
@@ -428,6 +448,31 @@ PYBIND11_MODULE(_C, m) {
   // Test hooks for the wire format (tests/unit/test_wire.py): encode one
   // frame, and parse a byte string fed in chunks of `chunk` bytes, alternating
   // the buffered and the direct (zero-copy) read paths as the transport does.
+  // Distributed autograd (torchrpc/autograd.py).
+  namespace ag = torchrpc::autograd;
+  m.def("autograd_install", [](Agent& a) { ag::install(a); });
+  m.def("autograd_new_context", [] { return pythonErrors([] { return ag::Container::get().create()->id(); }); });
+  m.def("autograd_current_context", [] { return ag::Container::currentId(); });
+  m.def("autograd_release_context", &ag::releaseContext, py::call_guard<py::gil_scoped_release>());
+  m.def("autograd_backward",
+        [](Agent& a, int64_t id, std::vector<at::Tensor> roots, bool retainGraph) {
+          py::gil_scoped_release nogil;
+          return pythonErrors([&] { return Call{ag::backward(a, id, roots, retainGraph)}; });
+        });
+  m.def("autograd_gradients", [](const Agent& a, int64_t id) {
+    return pythonErrors([&] { return ag::Container::get().retrieve(id, a.options().name)->gradients(); });
+  });
+  m.def("autograd_live_contexts", [] { return ag::Container::get().liveIds(); });
+
+  // DistributedOptimizer's functional optimizers (torchrpc/optim/).
+  m.def("optimizer_register", [](const py::object& optimizer, std::vector<at::Tensor> params) {
+    return pythonErrors([&] {
+      return torchrpc::optim::registerOptimizer(py::cast<torch::jit::Object>(optimizer)._ivalue(),
+                                                std::move(params));
+    });
+  });
+  m.def("optimizer_unregister", &torchrpc::optim::unregisterOptimizer);
+
   m.def("_encode_frame", [](int type, uint64_t id, py::bytes payload, std::vector<at::Tensor> tensors) {
     torchrpc::Message msg{static_cast<torchrpc::MessageType>(type), id, std::string(payload), std::move(tensors)};
     torchrpc::OutgoingFrame f = torchrpc::encodeFrame(std::move(msg));

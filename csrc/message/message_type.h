@@ -26,18 +26,25 @@ enum class MessageType : uint16_t {
   kRRefUserDelete = 32,   // a user RRef is gone
   kRRefForkRequest = 33,  // a user received an RRef from a non-owner
   kRRefChildAccept = 34,  // the owner confirmed the fork a parent sent
-  // Distributed autograd (50-69): reserved.
+
+  // Distributed autograd (50-69): see csrc/autograd/.
+  kAutogradCall = 50,     // a request sent in an autograd context: envelope + request
+  kAutogradRet = 51,      // the response to one: envelope + response
+  kAutogradBackward = 52, // gradients for a send function, from the worker that received its tensors
+  kAutogradCleanup = 53,  // a context is released: drop it and tell the workers it called
 };
 
 inline bool isRequest(MessageType t) {
   return t == MessageType::kScriptCall || t == MessageType::kBuiltinCall ||
          t == MessageType::kPythonCall ||
-         (t >= MessageType::kRemoteCall && t <= MessageType::kRRefChildAccept);
+         (t >= MessageType::kRemoteCall && t <= MessageType::kRRefChildAccept) ||
+         t == MessageType::kAutogradCall || t == MessageType::kAutogradBackward ||
+         t == MessageType::kAutogradCleanup;
 }
 
 inline bool isResponse(MessageType t) {
   return t == MessageType::kScriptRet || t == MessageType::kPythonRet ||
-         t == MessageType::kException;
+         t == MessageType::kException || t == MessageType::kAutogradRet;
 }
 
 const char* messageTypeName(MessageType t);

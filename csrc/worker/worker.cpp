@@ -4,6 +4,8 @@
 
 #include <fstream>
 
+#include "autograd/engine.h"
+
 namespace torchrpc {
 
 std::string localHostId() {
@@ -29,6 +31,7 @@ Worker::Worker(AgentOptions options, c10::intrusive_ptr<c10d::Store> store,
     rendezvous_ = std::make_unique<Rendezvous>(std::move(store), rank, worldSize);
     auto [tcp, unixAddr] = agent_->listen();
     agent_->setPeers(rendezvous_->exchange(PeerInfo{options.name, rank, tcp, unixAddr, options.hostId}));
+    autograd::install(*agent_);
     if (beforeServing) beforeServing(*agent_);
     agent_->startServing();
     Agent::setCurrent(agent_);

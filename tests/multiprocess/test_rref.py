@@ -136,10 +136,12 @@ def test_local_value_on_a_user_says_who_owns_it():
         rref.local_value()
 
 
-def test_backward_is_a_placeholder():
-    rref = rpc.RRef(torch.ones(1))
-    with pytest.raises(NotImplementedError, match="distributed autograd"):
-        rref.backward()
+def test_backward_of_a_local_owner_rref():
+    x = torch.ones(3, requires_grad=True)
+    rpc.RRef((x * 2).sum()).backward()  # no context: a local backward pass
+    assert torch.equal(x.grad, torch.full((3,), 2.0))
+    with pytest.raises(TypeError, match="needs an RRef of a tensor"):
+        rpc.RRef(1).backward()
 
 
 def test_rref_cannot_be_pickled_outside_rpc():

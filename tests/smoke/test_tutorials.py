@@ -40,3 +40,10 @@ def test_rl_cartpole_tutorial_runs_episodes():
     out = run(["tutorials/rl_cartpole.py", "--observers", "2", "--episodes", "20"], timeout=170)
     rewards = [float(line.split()[-1]) for line in out.splitlines() if line.startswith("episode")]
     assert len(rewards) == 2 and all(r > 0 for r in rewards), out
+
+
+@pytest.mark.timeout(180)
+def test_distributed_rnn_tutorial_loss_falls():
+    out = run(["tutorials/distributed_rnn.py", "--epochs", "4", "--steps", "10"], timeout=170)
+    losses = [float(m.group(1)) for m in re.finditer(r"^epoch +\d+  loss ([0-9.]+)$", out, re.M)]
+    assert len(losses) == 4 and losses[-1] < 0.75 * losses[0], out

@@ -1,0 +1,41 @@
+#pragma once
+
+// Interceptor: the agent's one extension point for concepts that travel with
+// calls without being calls themselves (distributed autograd). The agent calls
+// it at the four places a call message passes; it may rewrite the message in
+// place (wrap it in an envelope, or unwrap one). The agent does not know what
+// an envelope means, only that an interceptor is installed.
+
+#include <functional>
+#include <memory>
+
+#include "message/message.h"
+
+namespace torchrpc {
+
+// The state a request brought with it, kept while the callee runs it.
+class CallScope {
+ public:
+  virtual ~CallScope() = default;
+  // Runs fn (the handler, or a continuation of it) under this scope, on the
+  // current thread.
+  virtual void run(const std::function<void()>& fn) = 0;
+  // Callee, before the response leaves: may wrap it.
+  virtual void outgoingResponse(Message& response) = 0;
+};
+
+class Interceptor {
+ public:
+  virtual ~Interceptor() = default;
+  // Caller, on the sending thread, before the request is queued.
+  virtual void outgoingRequest(Message& request, int dst) = 0;
+  // Caller, before the response completes the call's future.
+  virtual void incomingResponse(Message& response, int src) = 0;
+  // Callee, on the pool thread, before the request is dispatched. Returns the
+  // scope to run it under, or null when the request carries none.
+  virtual std::shared_ptr<CallScope> incomingRequest(Message& request, int src) = 0;
+  // The agent shut down: drop what it was keeping for calls.
+  virtual void stop() {}
+};
+
+}  // namespace torchrpc

@@ -1,0 +1,132 @@
+#include "autograd/context.h"
+
+#include <c10/util/Exception.h>
+
+namespace torchrpc::autograd {
+
+namespace {
+thread_local int64_t currentContextId = -1;
+}  // namespace
+
+int64_t Context::addSend(c10::intrusive_ptr<SendRpcBackward> send) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t id = nextSendId_++;
+  sends_.emplace(id, std::move(send));
+  return id;
+}
+
+c10::intrusive_ptr<SendRpcBackward> Context::send(int64_t sendId) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = sends_.find(sendId);
+  return it == sends_.end() ? nullptr : it->second;
+}
+
+void Context::addKnownWorker(int rank) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  knownWorkers_.insert(rank);
+}
+
+std::set<int> Context::knownWorkers() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return knownWorkers_;
+}
+
+void Context::accumulate(const at::Tensor& leaf, const at::Tensor& grad) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = grads_.find(leaf.unsafeGetTensorImpl());
+  if (it == grads_.end()) {
+    // Detached: the gradient must not keep the backward graph that made it.
+    grads_.emplace(leaf.unsafeGetTensorImpl(), std::make_pair(leaf, grad.detach()));
+  } else {
+    it->second.second = it->second.second.add(grad.detach());  // never in place: may be shared
+  }
+}
+
+std::optional<at::Tensor> Context::gradientOf(const at::Tensor& leaf) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = grads_.find(leaf.unsafeGetTensorImpl());
+  if (it == grads_.end()) return std::nullopt;
+  return it->second.second;
+}
+
+std::vector<std::pair<at::Tensor, at::Tensor>> Context::gradients() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::pair<at::Tensor, at::Tensor>> out;
+  out.reserve(grads_.size());
+  for (const auto& kv : grads_) out.push_back(kv.second);
+  return out;
+}
+
+Container& Container::get() {
+  static Container* container = new Container();  // never destroyed: threads may outlive main
+  return *container;
+}
+
+void Container::setRank(int rank) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  rankPrefix_ = static_cast<int64_t>(rank) << 48;
+}
+
+std::shared_ptr<Context> Container::create() {
+  TORCH_CHECK(currentContextId == -1, "this thread is already in distributed autograd context ",
+              currentContextId, "; torchrpc.autograd.context() blocks cannot be nested");
+  auto ctx = std::make_shared<Context>([&] {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return rankPrefix_ + next_++;
+  }());
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    contexts_.emplace(ctx->id(), ctx);
+  }
+  currentContextId = ctx->id();
+  return ctx;
+}
+
+std::shared_ptr<Context> Container::getOrCreate(int64_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& slot = contexts_[id];
+  if (!slot) slot = std::make_shared<Context>(id);
+  return slot;
+}
+
+std::shared_ptr<Context> Container::find(int64_t id) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = contexts_.find(id);
+  return it == contexts_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<Context> Container::retrieve(int64_t id, const std::string& worker) const {
+  auto ctx = find(id);
+  TORCH_CHECK_VALUE(ctx, "distributed autograd context ", id, " does not exist on ", worker,
+                    ": it was released (its `with torchrpc.autograd.context()` block ended), "
+                    "or this worker took no part in it");
+  return ctx;
+}
+
+std::shared_ptr<Context> Container::release(int64_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = contexts_.find(id);
+  if (it == contexts_.end()) return nullptr;
+  auto ctx = std::move(it->second);
+  contexts_.erase(it);
+  return ctx;
+}
+
+std::vector<int64_t> Container::liveIds() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<int64_t> ids;
+  for (const auto& kv : contexts_) ids.push_back(kv.first);
+  return ids;
+}
+
+void Container::clear() {
+  std::unordered_map<int64_t, std::shared_ptr<Context>> dropped;
+  std::lock_guard<std::mutex> lock(mutex_);
+  dropped.swap(contexts_);
+  next_ = 0;
+}
+
+int64_t Container::currentId() { return currentContextId; }
+void Container::setCurrentId(int64_t id) { currentContextId = id; }
+
+}  // namespace torchrpc::autograd

@@ -1,0 +1,105 @@
+#pragma once
+
+// Distributed autograd contexts.
+//
+// A Context is one `with torchrpc.autograd.context()` block, seen from one
+// worker: the send functions this worker recorded (by id, for the backward
+// messages that will name them), the workers it sent requests to (they learn
+// of the release through it), and the gradients its leaves accumulated. The
+// worker that opens the block creates the context; the others create theirs,
+// with the same id, when the first request of that context reaches them.
+//
+// Container: the contexts of this process and the current context of each
+// thread (thread-local: the `with` block's thread, and the pool thread that
+// runs a request of a context, see recorder.h).
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "autograd/rpc_functions.h"
+
+namespace torchrpc::autograd {
+
+class Context {
+ public:
+  explicit Context(int64_t id) : id_(id) {}
+  int64_t id() const { return id_; }
+
+  // Forward pass.
+  int64_t addSend(c10::intrusive_ptr<SendRpcBackward> send);
+  c10::intrusive_ptr<SendRpcBackward> send(int64_t sendId) const;  // null if unknown
+  void addKnownWorker(int rank);
+  std::set<int> knownWorkers() const;
+
+  // Backward pass. One local pass at a time per context (passMutex), so that
+  // gradients accumulate in order.
+  std::mutex& passMutex() { return passMutex_; }
+  void accumulate(const at::Tensor& leaf, const at::Tensor& grad);
+  // The gradient accumulated for `leaf`, if any.
+  std::optional<at::Tensor> gradientOf(const at::Tensor& leaf) const;
+  // (leaf, accumulated gradient) pairs.
+  std::vector<std::pair<at::Tensor, at::Tensor>> gradients() const;
+
+ private:
+  const int64_t id_;
+  mutable std::mutex mutex_;
+  int64_t nextSendId_{0};
+  std::unordered_map<int64_t, c10::intrusive_ptr<SendRpcBackward>> sends_;
+  std::set<int> knownWorkers_;
+  std::unordered_map<const c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>> grads_;
+  std::mutex passMutex_;
+};
+
+class Container {
+ public:
+  static Container& get();
+
+  // The worker's rank; context ids are (rank << 48) + a counter.
+  void setRank(int rank);
+  // A new context, current on this thread. Throws if the thread has one.
+  std::shared_ptr<Context> create();
+  // The context with this id, created if this worker has not seen it yet.
+  std::shared_ptr<Context> getOrCreate(int64_t id);
+  // Null if unknown (never seen, or released).
+  std::shared_ptr<Context> find(int64_t id) const;
+  // Throws a clear error naming the worker if unknown.
+  std::shared_ptr<Context> retrieve(int64_t id, const std::string& worker) const;
+  // Removes it; returns it (null if it was not there).
+  std::shared_ptr<Context> release(int64_t id);
+  std::vector<int64_t> liveIds() const;
+  void clear();
+
+  // This thread's context id, or -1.
+  static int64_t currentId();
+  static void setCurrentId(int64_t id);
+
+ private:
+  mutable std::mutex mutex_;
+  int64_t rankPrefix_{0};
+  int64_t next_{0};
+  std::unordered_map<int64_t, std::shared_ptr<Context>> contexts_;
+};
+
+// Makes `id` the thread's current context for a scope.
+class CurrentContextGuard {
+ public:
+  explicit CurrentContextGuard(int64_t id) : previous_(Container::currentId()) {
+    Container::setCurrentId(id);
+  }
+  ~CurrentContextGuard() { Container::setCurrentId(previous_); }
+  CurrentContextGuard(const CurrentContextGuard&) = delete;
+  CurrentContextGuard& operator=(const CurrentContextGuard&) = delete;
+
+ private:
+  int64_t previous_;
+};
+
+}  // namespace torchrpc::autograd

@@ -1,0 +1,41 @@
+#pragma once
+
+// Recorder: the forward half of distributed autograd, as the agent's
+// Interceptor (agent/interceptor.h).
+//
+// A request sent while the sending thread is in a context travels in an
+// AUTOGRAD_CALL envelope: the context id, the id of the send function
+// recorded for the request's tensors that require grad (if any), and which of
+// the tensors those are. The callee adopts the context (creating it on first
+// sight), gives those tensors a RecvRpcBackward as grad_fn, and runs the
+// request with the context current on its thread, so nested calls are
+// recorded too. Its response comes back in an AUTOGRAD_RET envelope built the
+// same way, in the other direction.
+//
+// A call to oneself shares its tensors (nothing is copied), so its envelope
+// only carries the context: the local autograd graph stays connected.
+
+#include <memory>
+#include <string>
+
+#include "agent/interceptor.h"
+
+namespace torchrpc::autograd {
+
+class Recorder : public Interceptor {
+ public:
+  Recorder(int rank, std::string worker) : rank_(rank), worker_(std::move(worker)) {}
+
+  void outgoingRequest(Message& request, int dst) override;
+  void incomingResponse(Message& response, int src) override;
+  std::shared_ptr<CallScope> incomingRequest(Message& request, int src) override;
+  void stop() override;  // releases every context of this process
+
+  const std::string& worker() const { return worker_; }
+
+ private:
+  const int rank_;
+  const std::string worker_;
+};
+
+}  // namespace torchrpc::autograd

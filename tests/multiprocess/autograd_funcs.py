@@ -1,0 +1,121 @@
+"""Remote functions of the distributed autograd tests. Each worker keeps its
+own parameters (leaves that require grad) by name, made from a seed, so the
+test process can build the same values locally and compare gradients."""
+
+import os
+
+import torch
+
+import torchrpc as rpc
+
+_params = {}
+
+
+def make_param(shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g, dtype=torch.float64).requires_grad_()
+
+
+def create_param(name, shape, seed):
+    _params[name] = make_param(shape, seed)
+
+
+def mul_param(x, name):
+    return x * _params[name]
+
+
+def tanh_param(x, name):
+    return torch.tanh(x @ _params[name])
+
+
+def scalar_loss(x, name):
+    return (x * _params[name]).sum()
+
+
+def param_twice(x, name):
+    """Uses the parameter twice in one call."""
+    w = _params[name]
+    return (x * w).sin() + w * w
+
+
+def nested(x, name, next_worker, next_name):
+    """A -> B -> C: B multiplies by its parameter, C by its own, B again by its."""
+    w = _params[name]
+    z = rpc.rpc_sync(next_worker, mul_param, args=(x * w, next_name))
+    return z * w
+
+
+def gradient(context_id, name):
+    """This worker's gradient of its parameter `name` in the context."""
+    return rpc.autograd.get_gradients(context_id).get(_params[name])
+
+
+def dot_grad(name):
+    """The parameter's .grad (distributed autograd must leave it alone)."""
+    return _params[name].grad
+
+
+def clear_dot_grad(name):
+    _params[name].grad = None
+
+
+def live_contexts():
+    return rpc.autograd._live_contexts()
+
+
+@torch.jit.script
+def script_scale(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(x * w) + w
+
+
+class _FailInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise ValueError("boom in the backward pass")
+
+
+def fails_in_backward(x):
+    return _FailInBackward.apply(x) * 2
+
+
+class _DieInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        os._exit(3)
+
+
+def dies_in_backward(x):
+    return _DieInBackward.apply(x)
+
+
+class Part:
+    """A small model part (a linear layer) owned by whichever worker makes it."""
+
+    def __init__(self, seed):
+        g = torch.Generator().manual_seed(seed)
+        self.weight = torch.randn(3, 3, generator=g, dtype=torch.float64).requires_grad_()
+        self.bias = torch.randn(3, generator=g, dtype=torch.float64).requires_grad_()
+
+    def forward(self, x):
+        return torch.tanh(x @ self.weight + self.bias)
+
+    def parameters(self):
+        return [self.weight, self.bias]
+
+    def param_rrefs(self):
+        return [rpc.RRef(p) for p in self.parameters()]
+
+    def values(self):
+        return [p.detach().clone() for p in self.parameters()]
+
+    def weighted_sum(self, c):
+        """Linear in the parameters: its gradient does not depend on them."""
+        return (self.weight * c).sum() + self.bias.sum()

@@ -1,0 +1,112 @@
+"""Distributed autograd: backward passes that cross workers.
+
+The API of ``torch.distributed.autograd``::
+
+    import torchrpc
+
+    with torchrpc.autograd.context() as context_id:
+        t = torchrpc.rpc_sync("worker1", torch.add, args=(x, w))    # x, w require grad
+        loss = (t * y).sum()
+        torchrpc.autograd.backward(context_id, [loss])
+        grads = torchrpc.autograd.get_gradients(context_id)          # {x: dx, w: dw, y: dy}
+
+Inside a context, every call (``rpc_sync``, ``rpc_async``, ``remote``,
+``RRef.to_here()``, and calls made by the callee while it runs the call)
+records its tensors that require grad, in both directions. ``backward`` then
+runs the backward pass on every worker that took part; gradients accumulate in
+the context on each worker (``get_gradients``), never in ``.grad``. The work
+runs in C++ (``csrc/autograd``): a TorchScript callee records and runs its part
+of the backward pass without the GIL.
+
+The backward pass is upstream's FAST mode: each worker runs its part of the
+graph as gradients arrive for it, and the sum of the contributions is what
+accumulates.
+"""
+
+import numbers
+
+import torch
+
+from torchrpc import errors
+from torchrpc._extension import native
+
+
+def _agent(what):
+    from torchrpc import api
+
+    state = api._state
+    if state is None:
+        raise errors.NotInitializedError(
+            f"{what}: torchrpc is not initialized in this process; call torchrpc.init_rpc() first."
+        )
+    return state.agent
+
+
+def _check_context_id(context_id, what):
+    if isinstance(context_id, bool) or not isinstance(context_id, numbers.Integral):
+        raise TypeError(f"{what} expects an int context_id (from `with torchrpc.autograd.context() "
+                        f"as context_id`); got {type(context_id).__name__}")
+
+
+class context:
+    """A distributed autograd context: ``with torchrpc.autograd.context() as context_id:``.
+
+    The id is unique in the job. Calls made on this thread inside the block
+    are recorded in it. When the block exits, the context is released here
+    and on every worker that took part (without waiting for them).
+    """
+
+    def __enter__(self):
+        agent = _agent("torchrpc.autograd.context()")
+        self._agent = agent
+        self.autograd_context_id = native().autograd_new_context()
+        return self.autograd_context_id
+
+    def __exit__(self, exc_type, exc, tb):
+        native().autograd_release_context(self._agent, self.autograd_context_id)
+        return False
+
+
+def backward(context_id, roots, retain_graph=False):
+    """Runs the distributed backward pass from `roots`, in context `context_id`.
+
+    Returns when every worker that took part is done. Gradients accumulate in
+    the context (see :func:`get_gradients`), never in ``.grad``.
+
+    Args:
+        context_id (int): the id that ``with torchrpc.autograd.context()`` gave.
+        roots (list[Tensor]): tensors of one element each (e.g. losses) on this worker.
+        retain_graph (bool): keep the graph, so that ``backward`` may run again.
+
+    Raises:
+        ValueError: an unknown context or an invalid root.
+        torchrpc.errors.RemoteError: the backward pass failed on a worker; the
+            message names it.
+        torchrpc.errors.PeerUnreachableError: a worker of the pass died.
+    """
+    _check_context_id(context_id, "torchrpc.autograd.backward")
+    if isinstance(roots, torch.Tensor) or not all(isinstance(r, torch.Tensor) for r in roots):
+        raise TypeError("torchrpc.autograd.backward expects roots as a list of tensors, "
+                        "e.g. backward(context_id, [loss])")
+    call = native().autograd_backward(_agent("torchrpc.autograd.backward"), context_id, list(roots),
+                                      bool(retain_graph))
+    ok, value = call.result()
+    if not ok:
+        raise errors.from_native(value)
+
+
+def get_gradients(context_id):
+    """The gradients accumulated on this worker in context `context_id`:
+    a dict from each tensor that requires grad (a leaf of the graph) to its gradient."""
+    _check_context_id(context_id, "torchrpc.autograd.get_gradients")
+    return dict(native().autograd_gradients(_agent("torchrpc.autograd.get_gradients"), context_id))
+
+
+def _current_context_id():
+    """The id of this thread's context, or -1 outside one."""
+    return native().autograd_current_context()
+
+
+def _live_contexts():
+    """Ids of the contexts this worker still holds (for tests and debugging)."""
+    return sorted(native().autograd_live_contexts())
