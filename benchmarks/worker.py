@@ -72,7 +72,16 @@ def job_scaling(backend, control, rank, spec):
 
 
 def job_training(backend, control, rank, spec):
-    """Two workers: the parameter server (rank 0) and the trainer."""
+    """Two workers: the parameter server (rank 0) and the trainer.
+
+    One intra-op thread per process, as torchrun sets by default
+    (OMP_NUM_THREADS=1): two processes with two OpenMP threads each on two
+    cores stall each other's parallel regions (the LSTM's forward took 2-5x
+    its time alone). The local baseline runs with one thread as well.
+    """
+    import torch
+
+    torch.set_num_threads(1)
     if rank == 0:
         from tutorials import distributed_rnn
 

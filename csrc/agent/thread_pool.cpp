@@ -3,6 +3,7 @@
 #include <chrono>
 #include <exception>
 
+#include "common/intra_op.h"
 #include "common/logging.h"
 #include "common/spin.h"
 
@@ -38,6 +39,7 @@ size_t ThreadPool::busy() const {
 }
 
 void ThreadPool::work() {
+  initIntraOpThreads();
   while (true) {
     std::function<void()> task;
     // One idle thread at a time spins for the next task (it saves the wake-up

@@ -1,12 +1,19 @@
 #include "python_fallback/callback_runner.h"
 
+#include "common/intra_op.h"
+
 #include "common/spin.h"
 
 namespace py = pybind11;
 
 namespace torchrpc::python_fallback {
 
-CallbackRunner::CallbackRunner() { thread_ = std::thread([this] { run(); }); }
+CallbackRunner::CallbackRunner() {
+  thread_ = std::thread([this] {
+    initIntraOpThreads();
+    run();
+  });
+}
 
 CallbackRunner::~CallbackRunner() {
   if (!thread_.joinable()) return;
