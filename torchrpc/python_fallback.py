@@ -278,7 +278,8 @@ def handle_call(payload, tensors, caller_rank):
 
 def handle_remote(payload, tensors, caller_rank):
     """Runs the Python call of a remote() on the owner; returns ("ok", value)
-    (the owner keeps the object) or ("err", ...)."""
+    (the owner keeps the object), ("async", future of that outcome) for an
+    @async_execution function or method, or ("err", ...)."""
     outcome = _run(payload, tensors)
     if outcome[0] != "ok":
         return outcome
