@@ -3,11 +3,10 @@
 #include <torch/library.h>
 
 #include "common/error.h"
+#include "jit_ops/script_rref.h"
 #include "script_dispatch/run_script.h"
 
 namespace torchrpc::jit_ops {
-
-namespace {
 
 std::shared_ptr<Agent> requireAgent(const char* op) {
   auto agent = Agent::current();
@@ -20,10 +19,21 @@ std::shared_ptr<Agent> requireAgent(const char* op) {
   return agent;
 }
 
-// Timeouts follow the Python API: -1 is the worker's default, 0 none.
 double resolveTimeout(const Agent& agent, double timeout) {
   return timeout < 0 ? agent.options().defaultTimeoutSeconds : timeout;
 }
+
+int destinationRank(const Agent& agent, const std::string& to, const std::string& name,
+                    const std::string& callKind) {
+  int dst = agent.rankOf(to);
+  if (dst < 0) {
+    C10_THROW_ERROR(ValueError, callKind + " to '" + to + "' calling '" + name +
+                                    "': no worker of this job is named '" + to + "'");
+  }
+  return dst;
+}
+
+namespace {
 
 // Boxed kernels: the schema's types (Any, Future(Any)) have no unboxed C++
 // signature. Both pop (to, qualified_name, args, kwargs, timeout).
@@ -50,14 +60,8 @@ void rpcSync(const c10::OperatorHandle&, torch::jit::Stack* stack) {
 
 }  // namespace
 
-Agent::FuturePtr namedScriptCall(Agent& agent, const std::string& to, const std::string& name,
-                                 const c10::IValue& args, const c10::IValue& kwargs, double timeout,
-                                 const std::string& callKind) {
-  int dst = agent.rankOf(to);
-  if (dst < 0) {
-    C10_THROW_ERROR(ValueError, callKind + " to '" + to + "' calling '" + name +
-                                    "': no worker of this job is named '" + to + "'");
-  }
+Message namedCallMessage(const std::string& name, const c10::IValue& args, const c10::IValue& kwargs,
+                         const std::string& callKind) {
   std::vector<c10::IValue> stack;
   if (args.isTuple()) {
     const auto& el = args.toTupleRef().elements();
@@ -81,11 +85,20 @@ Agent::FuturePtr namedScriptCall(Agent& agent, const std::string& to, const std:
     C10_THROW_ERROR(TypeError, callKind + " of '" + name + "': kwargs must be a dict, got " +
                                    kwargs.type()->repr_str());
   }
-  return agent.send(dst, script_dispatch::scriptCallMessage(name, "", std::move(stack), std::move(kw)),
-                    timeout, callKind, name);
+  return script_dispatch::scriptCallMessage(name, "", std::move(stack), std::move(kw));
 }
 
+Agent::FuturePtr namedScriptCall(Agent& agent, const std::string& to, const std::string& name,
+                                 const c10::IValue& args, const c10::IValue& kwargs, double timeout,
+                                 const std::string& callKind) {
+  int dst = destinationRank(agent, to, name, callKind);
+  return agent.send(dst, namedCallMessage(name, args, kwargs, callKind), timeout, callKind, name);
+}
+
+// The library's one TORCH_LIBRARY block (class_ must be defined in it): the
+// RRef class first, then the ops, some of whose schemas name it.
 TORCH_LIBRARY(torchrpc, m) {
+  defineScriptRRef(m);
   m.def(torch::schema(
             "torchrpc::rpc_async(str to, str qualified_name, Any? args=None, Any? kwargs=None, "
             "float timeout=-1.) -> Future(Any)",
@@ -96,6 +109,7 @@ TORCH_LIBRARY(torchrpc, m) {
             "float timeout=-1.) -> Any",
             c10::AliasAnalysisKind::CONSERVATIVE),
         torch::CppFunction::makeFromBoxedFunction<rpcSync>());
+  defineRemoteOp(m);
 }
 
 }  // namespace torchrpc::jit_ops

@@ -1,6 +1,8 @@
 #pragma once
 
-// RPC from TorchScript: the ops torchrpc::rpc_async and torchrpc::rpc_sync.
+// RPC from TorchScript: the ops torchrpc::rpc_async and torchrpc::rpc_sync
+// (rpc_ops.cpp), torchrpc::remote (remote.cpp) and the RRef class
+// (script_rref.h), all registered in rpc_ops.cpp's TORCH_LIBRARY block.
 //
 //   rpc_async(str to, str qualified_name, Any? args=None, Any? kwargs=None,
 //             float timeout=-1.) -> Future(Any)
@@ -15,20 +17,41 @@
 //
 // Registered with CONSERVATIVE alias analysis: the JIT must never drop a call
 // whose future is unused. Eager Python reaches the same code through
-// namedScriptCall.
+// namedScriptCall / namedCallMessage.
 
 #include <ATen/core/ivalue.h>
 
+#include <memory>
 #include <string>
 
 #include "agent/agent.h"
 
+namespace torch {
+class Library;
+}
+
 namespace torchrpc::jit_ops {
 
-// Sends a SCRIPT_CALL of `name` with positional args (a tuple or None) and
-// kwargs (a str-keyed dict or None) to the worker named `to`.
+// The running agent, or an error naming the op that needs it.
+std::shared_ptr<Agent> requireAgent(const char* op);
+// Timeouts follow the Python API: -1 is the worker's default, 0 none.
+double resolveTimeout(const Agent& agent, double timeout);
+// The rank of the worker named `to`; a ValueError naming the call otherwise.
+int destinationRank(const Agent& agent, const std::string& to, const std::string& name,
+                    const std::string& callKind);
+
+// A SCRIPT_CALL of `name` with positional args (a tuple, list or None) and
+// kwargs (a str-keyed dict or None), as the callee will match them.
+Message namedCallMessage(const std::string& name, const c10::IValue& args, const c10::IValue& kwargs,
+                         const std::string& callKind);
+
+// Sends a SCRIPT_CALL of `name` to the worker named `to`.
 Agent::FuturePtr namedScriptCall(Agent& agent, const std::string& to, const std::string& name,
                                  const c10::IValue& args, const c10::IValue& kwargs, double timeout,
                                  const std::string& callKind);
+
+// torchrpc::remote (remote.cpp); called from the TORCH_LIBRARY block after
+// the RRef class is defined, since its schema names the class.
+void defineRemoteOp(torch::Library& m);
 
 }  // namespace torchrpc::jit_ops

@@ -393,17 +393,20 @@ def _invoke(call_kind, to, func, args, kwargs, timeout):
         raise TypeError(f"{call_kind}(kwargs=...) expects a dict; got {type(kwargs).__name__}")
     try:
         return _send(call_kind, dst, func, args, kwargs, seconds)
-    except TypeError as err:
-        # Checked only after a failure, so the hot path pays nothing.
-        if not isinstance(func, torch.jit.ScriptFunction) and _builtin_name(func) is None:
+    except (TypeError, RuntimeError) as err:
+        # TorchScript and builtin callees take an RRef as its TorchScript object
+        # (torch.classes.torchrpc.RRef): converted here, after the first attempt
+        # failed on it (nothing was sent), so calls without RRefs pay nothing.
+        if not (isinstance(func, (str, torch.jit.ScriptFunction)) or _builtin_name(func) is not None):
             raise
-        if any(type(a) is _rref.RRef for a in (*args, *kwargs.values())):
-            raise TypeError(
-                f"{call_kind}: RRef arguments are supported for Python callables only; TorchScript "
-                "functions and builtin operators cannot take an RRef yet. Pass rref.to_here(), or "
-                "call a Python function that uses the RRef."
-            ) from err
-        raise
+        converted = _rref._to_script_values((args, kwargs))
+        if converted is None:
+            raise
+        args, kwargs = converted
+        try:
+            return _send(call_kind, dst, func, args, kwargs, seconds)
+        except (TypeError, RuntimeError) as again:
+            raise again from err
 
 
 def _send(call_kind, dst, func, args, kwargs, seconds):
@@ -411,7 +414,7 @@ def _send(call_kind, dst, func, args, kwargs, seconds):
     remote = call_kind == "remote"
     if isinstance(func, str):  # a TorchScript function by the name the callee knows
         if remote:
-            raise TypeError("remote(func=...) by name is not supported yet; pass the function itself")
+            return _rref.RRef._wrap(_state.rref_ctx.remote_named(dst.id, func, tuple(args), kwargs, seconds))
         call = agent.named_call(dst.name, func, tuple(args), kwargs, seconds, call_kind)
         return _Invocation(call, _identity)
     if isinstance(func, torch.jit.ScriptFunction):
@@ -524,9 +527,16 @@ def remote(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIMEOUT
     under its GIL. Use ``rref.to_here()`` to copy the value, or
     ``rref.rpc_sync().method(...)`` to call methods of it on the owner.
 
+    Inside ``@torch.jit.script`` code, the same call (with `func` the name
+    of a TorchScript function the owner knows, as for :func:`rpc_sync`)
+    returns the TorchScript RRef, ``torch.classes.torchrpc.RRef``: annotate
+    it as ``torchrpc.RRef``; its ``to_here()`` / ``local_value()`` return
+    ``Any`` (refine with ``isinstance``).
+
     Args:
         to (str or int or WorkerInfo): the owner of the new value.
-        func (callable): what creates the value (see :func:`rpc_sync`).
+        func (callable or str): what creates the value (see :func:`rpc_sync`),
+            or the name of a TorchScript function the owner knows.
         args (tuple): positional arguments (default none).
         kwargs (dict): keyword arguments (default none).
         timeout (float): seconds for creating the value; ``0`` means no
@@ -559,6 +569,7 @@ def _scriptable(fn, op):
 
 _scriptable(rpc_sync, "torchrpc::rpc_sync")
 _scriptable(rpc_async, "torchrpc::rpc_async")
+_scriptable(remote, "torchrpc::remote")
 
 
 def register(name, fn):

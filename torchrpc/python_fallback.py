@@ -39,6 +39,7 @@ _MAX_RECEIVED = 4096
 _rref_type = None
 _rref_receive = None
 _rref_cancel = None  # undoes the forks of a pickle that was not sent
+_rref_from_script = None  # torch.ScriptObject -> RRef or None
 
 
 # ---- pickling with tensors out of band -------------------------------------
@@ -63,6 +64,8 @@ class _Pickler(pickle.Pickler):
             return (len(self._tensors) - 1, type(obj) is torch.nn.Parameter, obj.requires_grad)
         if isinstance(obj, torch.jit.ScriptFunction):
             return ("script", *script_reference(obj))  # the receiver resolves it by name
+        if type(obj) is torch.ScriptObject:  # a TorchScript RRef travels as the RRef
+            obj = _rref_from_script(obj) or obj
         if type(obj) is _rref_type:
             fork = obj._fork()  # the RRef protocol's fork (csrc/rref)
             self._forks.append(fork)
@@ -277,9 +280,30 @@ def handle_call(payload, tensors, caller_rank):
 
 def handle_remote(payload, tensors, caller_rank):
     """Runs the Python call of a remote() on the owner; returns ("ok", value)
-    (the owner keeps the object) or ("err", ...)."""
+    (the owner keeps the object), ("async", future of that outcome) for an
+    @async_execution function or method, or ("err", ...)."""
     outcome = _run(payload, tensors)
-    return outcome[:2] if outcome[0] == "ok" else outcome
+    if outcome[0] != "ok":
+        return outcome
+    _, result, name, fn = outcome
+    deferred = isinstance(result, functions.Deferred)  # an async method through rref.remote()
+    if deferred or functions.is_async_execution(fn):
+        future = result.future if deferred else result
+        if not isinstance(future, torch._C.Future):
+            return _error(TypeError(
+                f"{name!r} is decorated with @torchrpc.functions.async_execution, so it must return a "
+                f"torch.futures.Future; it returned {type(future).__name__}"), name)
+        # The owner's value is what the future gives; the native bridge waits for it.
+        return ("async", future.then(lambda done: _remote_outcome(done, name)))
+    return ("ok", result)
+
+
+def _remote_outcome(fut, name):
+    """("ok", value) or ("err", ...) of an @async_execution remote()'s future."""
+    try:
+        return ("ok", fut.wait())
+    except BaseException as exc:
+        return _error(exc, name)
 
 
 def encode_value(value, name="<value>"):

@@ -5,11 +5,22 @@ the value; every other worker holding the RRef holds a *user* RRef, which is
 only ids. :func:`torchrpc.remote` returns an RRef at once while the owner
 creates the value; ``to_here()`` copies the value to the caller.
 
-RRefs can be passed as arguments and results of Python calls (also nested, and
-back to the owner, where they become the owner's RRef). The owner keeps the
-value alive while any worker holds an RRef to it and frees it when the last
-one is gone (upstream's Remote Reference Protocol, implemented in
-``csrc/rref/``). TorchScript functions cannot take RRef arguments yet.
+RRefs can be passed as arguments and results of any call, Python,
+TorchScript or builtin (also nested, and back to the owner, where they become
+the owner's RRef). The owner keeps the value alive while any worker holds an
+RRef to it and frees it when the last one is gone (upstream's Remote
+Reference Protocol, implemented in ``csrc/rref/``).
+
+Inside TorchScript an RRef is the custom class ``torch.classes.torchrpc.RRef``
+(``jit_ops/script_rref.h``), a handle on the same C++ RRef: annotate it as
+``torchrpc.RRef`` (or ``torchrpc.RRef[T]``, as upstream; ``T`` is not checked);
+it has ``to_here(timeout=-1.)``, ``local_value()``, ``owner_name()`` and
+``is_owner()``, whose values are ``Any``. ``torchrpc.remote(to, "name",
+args=...)`` in scripted code creates one. Python RRefs passed to TorchScript
+or builtin callees through torchrpc are converted; RRefs that come back from
+them are ``torchrpc.RRef``. When calling a scripted function directly (no RPC),
+pass ``rref.to_script()``, and wrap what it returns with
+:meth:`RRef.from_script`.
 
 Example::
 
@@ -21,7 +32,10 @@ Example::
     5
 """
 
+import torch
+
 from torchrpc import constants, errors, functions, python_fallback
+from torchrpc._extension import native
 
 
 def _api():
@@ -69,6 +83,35 @@ class RRef:
         rref = cls.__new__(cls)
         rref._handle = handle
         return rref
+
+    def __class_getitem__(cls, item):
+        # RRef[T] as in torch.distributed.rpc: an annotation (T is not checked).
+        return cls
+
+    # ---- TorchScript --------------------------------------------------------
+
+    def to_script(self):
+        """This RRef as its TorchScript object (``torch.classes.torchrpc.RRef``),
+        for calling a scripted function directly; torchrpc calls convert RRef
+        arguments by themselves. Both share one reference (no protocol message)."""
+        return self._handle.script_object()
+
+    @classmethod
+    def from_script(cls, obj):
+        """The RRef of a TorchScript RRef object (what a scripted function called
+        directly returns).
+
+        Raises:
+            TypeError: `obj` is not a TorchScript RRef.
+        """
+        if isinstance(obj, cls):
+            return obj
+        handle = native().rref_of_script_object(obj)
+        if handle is None:
+            raise TypeError(
+                f"RRef.from_script() expects a torch.classes.torchrpc.RRef object; got {type(obj).__name__}"
+            )
+        return cls._wrap(handle)
 
     # ---- identity -----------------------------------------------------------
 
@@ -228,9 +271,49 @@ def _cancel(fork_data):
         state.rref_ctx.cancel_fork(fork_data)
 
 
+def _from_script_object(obj):
+    """The torchrpc.RRef of a TorchScript RRef object, or None (python_fallback)."""
+    handle = native().rref_of_script_object(obj)
+    return None if handle is None else RRef._wrap(handle)
+
+
 python_fallback._rref_type = RRef
 python_fallback._rref_receive = _receive
 python_fallback._rref_cancel = _cancel
+python_fallback._rref_from_script = _from_script_object
+
+
+def _to_script_values(value):
+    """`value` with every RRef (inside tuples, lists, dicts) replaced by its
+    TorchScript object, or None when it holds no RRef."""
+    if type(value) is RRef:
+        return value.to_script()
+    if isinstance(value, (tuple, list)):
+        items = [_to_script_values(v) for v in value]
+        if all(i is None for i in items):
+            return None
+        out = [v if i is None else i for v, i in zip(value, items)]
+        return type(value)(out) if type(value) in (tuple, list) else tuple(out)
+    if isinstance(value, dict):
+        items = {k: _to_script_values(v) for k, v in value.items()}
+        if all(i is None for i in items.values()):
+            return None
+        return {k: (v if items[k] is None else items[k]) for k, v in value.items()}
+    return None
+
+
+def _script_class_type():
+    """The JIT type of torch.classes.torchrpc.RRef (registered by libtorchrpc)."""
+    schema = torch._C.parse_schema("f(__torch__.torch.classes.torchrpc.RRef rref) -> ()")
+    return schema.arguments[0].type
+
+
+try:
+    # `torchrpc.RRef` in an annotation of scripted code means the TorchScript
+    # RRef; Python RRefs passed where TorchScript expects Any infer that type.
+    torch.jit._state._add_script_class(RRef, _script_class_type())
+except Exception:  # pragma: no cover - the native core failed to load; native() says why
+    pass
 
 
 def _invoke_method(rref, name, args, kwargs):

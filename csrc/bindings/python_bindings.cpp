@@ -19,6 +19,7 @@
 #include "common/error.h"
 #include "common/spin.h"
 #include "jit_ops/rpc_ops.h"
+#include "jit_ops/script_rref.h"
 #include "message/wire.h"
 #include "optim/optimizer.h"
 #include "python_fallback/callback_runner.h"
@@ -35,6 +36,34 @@ namespace rref = torchrpc::rref;
 
 namespace {
 
+// ---- RRefs between TorchScript and Python (script_rref.h) --------------------
+
+// An IValue as a Python object, with TorchScript RRef objects (also inside
+// tuples, lists and dicts) as torchrpc.RRef. Needs the GIL.
+py::object pyValue(const c10::IValue& value) {
+  if (!torchrpc::jit_ops::containsRRef(value)) return torch::jit::toPyObject(value);
+  if (auto r = torchrpc::jit_ops::rrefOf(value)) {
+    return py::module_::import("torchrpc.rref").attr("RRef").attr("_wrap")(std::move(r));
+  }
+  if (value.isTuple()) {
+    const auto& el = value.toTupleRef().elements();
+    py::tuple out(el.size());
+    for (size_t i = 0; i < el.size(); ++i) out[i] = pyValue(el[i]);
+    return out;
+  }
+  if (value.isList()) {
+    py::list out;
+    for (const auto& v : value.toListRef()) out.append(pyValue(v));
+    return out;
+  }
+  if (value.isGenericDict()) {
+    py::dict out;
+    for (const auto& item : value.toGenericDict()) out[pyValue(item.key())] = pyValue(item.value());
+    return out;
+  }
+  return torch::jit::toPyObject(value);  // e.g. an RRef inside a script object's attribute
+}
+
 // A call in flight, as Python sees it. result() gives (True, value) or
 // (False, (kind, message, remote_type, remote_traceback)); torchrpc.errors
 // turns the latter into an exception.
@@ -48,7 +77,7 @@ struct Call {
       future->wait();
     }
     if (!future->hasError()) {
-      return py::make_tuple(true, torch::jit::toPyObject(future->value()));
+      return py::make_tuple(true, pyValue(future->value()));
     }
     try {
       std::rethrow_exception(future->exception_ptr());
@@ -357,8 +386,17 @@ PYBIND11_MODULE(_C, m) {
           }
         }
         if (future->hasError()) return errorTuple(future->exception_ptr());
-        return py::make_tuple(true, torch::jit::toPyObject(future->value()));
-      });
+        return py::make_tuple(true, pyValue(future->value()));
+      })
+      // The TorchScript object (torch.classes.torchrpc.RRef) of this RRef.
+      .def("script_object",
+           [](const std::shared_ptr<rref::RRef>& r) { return torch::jit::toPyObject(torchrpc::jit_ops::scriptRRef(r)); });
+
+  // The RRef of a TorchScript RRef object (a torch.ScriptObject), or None.
+  m.def("rref_of_script_object", [](const py::handle& obj) -> std::shared_ptr<rref::RRef> {
+    if (!py::isinstance<torch::jit::Object>(obj)) return nullptr;
+    return torchrpc::jit_ops::rrefOf(py::cast<torch::jit::Object>(obj)._ivalue());
+  });
 
   py::class_<rref::RRefContext, std::shared_ptr<rref::RRefContext>>(m, "RRefContext")
       .def(py::init([](std::shared_ptr<Agent> agent, py::object runner, py::object encoder) {
@@ -368,12 +406,32 @@ PYBIND11_MODULE(_C, m) {
       }))
       .def("create_owner",
            [](rref::RRefContext& c, py::object value) -> std::shared_ptr<rref::RRef> {
+             // A plain tensor is kept as a tensor (the same object comes back),
+             // so TorchScript can fetch it too; anything else as a Python object.
+             if (THPVariable_CheckExact(value.ptr())) {
+               const auto& t = THPVariable_Unpack(value.ptr());
+               if (!t.requires_grad()) return c.createOwner(c10::IValue(t));
+             }
              return c.createOwner(torchrpc::python_fallback::pyObjectIValue(std::move(value)));
            })
       .def("remote_script",
            [](rref::RRefContext& c, int dst, const std::string& name, const std::string& moduleHint, py::handle fn,
               py::tuple args, py::dict kwargs, double timeout) {
              auto msg = scriptMessage(name, moduleHint, fn, args, kwargs);
+             py::gil_scoped_release nogil;
+             return c.remote(dst, std::move(msg), timeout, name);
+           })
+      .def("remote_named",
+           [](rref::RRefContext& c, int dst, const std::string& name, py::tuple args, py::dict kwargs,
+              double timeout) {
+             std::vector<c10::IValue> stack;
+             for (auto arg : args) stack.push_back(torch::jit::toIValue(arg, c10::AnyType::get()));
+             c10::impl::GenericDict kw(c10::StringType::get(), c10::AnyType::get());
+             for (auto item : kwargs) {
+               kw.insert(py::cast<std::string>(item.first), torch::jit::toIValue(item.second, c10::AnyType::get()));
+             }
+             auto msg = torchrpc::jit_ops::namedCallMessage(name, c10::ivalue::Tuple::create(std::move(stack)),
+                                                            std::move(kw), "remote");
              py::gil_scoped_release nogil;
              return c.remote(dst, std::move(msg), timeout, name);
            })

@@ -1,22 +1,87 @@
 #include "message/payload.h"
 
 #include <torch/csrc/jit/runtime/jit_exception.h>
+#include <ATen/core/function.h>
 #include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/custom_class_detail.h>
 
 namespace torchrpc {
+
+namespace {
+
+thread_local PickleScope* currentPickleScope = nullptr;
+thread_local bool unpickling = false;
+
+constexpr const char* kCustomClassPrefix = "__torch__.torch.classes.";
+
+// Resolves the classes of objects and the type tags of containers. Only
+// TorchScript custom classes (registered in C++ with torch::class_) can be
+// rebuilt here; script classes would need their compilation unit. Type tags
+// ("Dict[str, Any]") go to the unpickler's default parser, as without a
+// resolver.
+c10::StrongTypePtr resolveType(const c10::QualifiedName& name) {
+  const std::string qualified = name.qualifiedName();
+  if (qualified.rfind(kCustomClassPrefix, 0) == 0 && qualified.find_first_of("[], ") == std::string::npos) {
+    auto cls = torch::getCustomClass(qualified);
+    TORCH_CHECK(cls, "a message holds an object of custom class '", qualified,
+                "', which is not registered in this process; load the library that defines it");
+    return c10::StrongTypePtr(nullptr, std::move(cls));
+  }
+  auto type = torch::jit::Unpickler::defaultTypeParser(qualified);
+  TORCH_CHECK(!type->cast<c10::ClassType>(), "a message holds an object of class '", qualified,
+              "'; only tensors, plain values and torch.classes objects (RRefs) can be sent");
+  return c10::StrongTypePtr(nullptr, std::move(type));
+}
+
+c10::intrusive_ptr<c10::ivalue::Object> loadObject(const c10::StrongTypePtr& type, c10::IValue state) {
+  auto cls = type.type_->expect<c10::ClassType>();
+  torch::jit::Function* setstate = cls->findMethod("__setstate__");
+  TORCH_CHECK(setstate, "custom class '", cls->repr_str(), "' has no __setstate__ (def_pickle)");
+  auto obj = c10::ivalue::Object::create(type, cls->numAttributes());
+  torch::jit::Stack stack{obj, std::move(state)};
+  setstate->run(stack);
+  return obj;
+}
+
+}  // namespace
+
+PickleScope::PickleScope() : outer_(currentPickleScope) { currentPickleScope = this; }
+
+PickleScope::~PickleScope() {
+  currentPickleScope = outer_;
+  if (committed_) return;
+  for (auto it = undo_.rbegin(); it != undo_.rend(); ++it) {
+    try {
+      (*it)();
+    } catch (...) {
+      // Undoing is best effort; the pickling error is what the caller sees.
+    }
+  }
+}
+
+void PickleScope::commit() { committed_ = true; }
+void PickleScope::onAbort(std::function<void()> undo) { undo_.push_back(std::move(undo)); }
+PickleScope* PickleScope::current() { return currentPickleScope; }
+
+UnpickleScope::UnpickleScope() : outer_(unpickling) { unpickling = true; }
+UnpickleScope::~UnpickleScope() { unpickling = outer_; }
+bool UnpickleScope::active() { return unpickling; }
 
 Message ivalueMessage(MessageType type, uint64_t id, const c10::IValue& value) {
   Message m;
   m.type = type;
   m.id = id;
+  PickleScope scope;
   std::vector<char> bytes = torch::jit::pickle(value, &m.tensors);
+  scope.commit();
   m.payload.assign(bytes.data(), bytes.size());
   return m;
 }
 
 c10::IValue messageIValue(const Message& message) {
-  return torch::jit::unpickle(message.payload.data(), message.payload.size(),
-                              /*type_resolver=*/nullptr, message.tensors);
+  UnpickleScope scope;
+  return torch::jit::unpickle(message.payload.data(), message.payload.size(), loadObject,
+                              resolveType, message.tensors);
 }
 
 Message exceptionMessage(uint64_t id, const RemoteException& e) {

@@ -7,14 +7,61 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "message/message.h"
 
 namespace torchrpc {
 
+// Pickles `value` into a message (inside a PickleScope, see below).
 Message ivalueMessage(MessageType type, uint64_t id, const c10::IValue& value);
+// Unpickles a message (inside an UnpickleScope). Objects of TorchScript custom
+// classes (torch.classes.*) are rebuilt with their class's __setstate__.
 c10::IValue messageIValue(const Message& message);
+
+// ---- custom-class objects inside payloads ----------------------------------
+//
+// A TorchScript custom class object travels through its def_pickle hooks
+// (__getstate__ on the sender, __setstate__ on the receiver). For an RRef
+// (jit_ops/script_rref.h) those hooks are protocol steps: pickling registers a
+// fork, unpickling creates the receiver's RRef. The hooks ask these scopes
+// whether they run for a message (and may then act) or for anything else,
+// e.g. torch.jit.save, which they refuse. Thread-local; they nest.
+
+// Open on this thread while ivalueMessage() pickles. Steps registered with
+// onAbort() run if pickling fails (the message will never be sent).
+class PickleScope {
+ public:
+  PickleScope();
+  ~PickleScope();
+  PickleScope(const PickleScope&) = delete;
+  PickleScope& operator=(const PickleScope&) = delete;
+  // Pickling succeeded: the abort steps are dropped.
+  void commit();
+  void onAbort(std::function<void()> undo);
+  // The innermost open scope on this thread, or null.
+  static PickleScope* current();
+
+ private:
+  PickleScope* outer_;
+  bool committed_{false};
+  std::vector<std::function<void()>> undo_;
+};
+
+// Open on this thread while messageIValue() unpickles.
+class UnpickleScope {
+ public:
+  UnpickleScope();
+  ~UnpickleScope();
+  UnpickleScope(const UnpickleScope&) = delete;
+  UnpickleScope& operator=(const UnpickleScope&) = delete;
+  static bool active();
+
+ private:
+  bool outer_;
+};
 
 // What a callee reports when a call fails.
 struct RemoteException {

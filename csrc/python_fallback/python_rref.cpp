@@ -1,5 +1,6 @@
 #include "python_fallback/python_rref.h"
 
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <optional>
@@ -61,23 +62,62 @@ void installRRefPython(rref::RRefContext& ctx, py::object runner, py::object enc
                                     std::function<void(const RemoteException&)> onError) {
     c10::IValue value;
     std::optional<RemoteException> error;
+    c10::intrusive_ptr<c10::ivalue::Future> later;
     {
       py::gil_scoped_acquire gil;
       try {
         py::tuple out = callPythonHandler(*run, call, callerRank);
-        if (out[0].cast<std::string>() == "ok") {
+        const auto tag = out[0].cast<std::string>();
+        if (tag == "ok") {
           value = pyObjectIValue(py::reinterpret_borrow<py::object>(out[1]));
+        } else if (tag == "async") {
+          // @async_execution (e.g. rref.remote().method()): the value is what
+          // the function's future gives, as an ("ok", value) / ("err", ...)
+          // outcome; no thread waits for it.
+          later = py::cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>(out[1])->fut;
         } else {
           error = remoteExceptionFrom(out, worker);
         }
-      } catch (py::error_already_set& e) {
+      } catch (const std::exception& e) {
         error = RemoteException{"RuntimeError",
                                 std::string("torchrpc's Python remote() handler failed: ") + e.what(),
                                 "", "<python call>", worker};
       }
     }
     // Outside the GIL: completing the value runs fetch callbacks, which take it.
-    if (error) {
+    if (later) {
+      later->addCallback([onValue, onError, worker](c10::ivalue::Future& done) {
+        c10::IValue late;
+        std::optional<RemoteException> lateError;
+        {
+          py::gil_scoped_acquire gil;
+          try {
+            if (done.hasError()) {
+              lateError = RemoteException{"RuntimeError",
+                                          "torchrpc's Python remote() handler failed: " +
+                                              done.tryRetrieveErrorMessage(),
+                                          "", "<python call>", worker};
+            } else {
+              py::tuple out = torch::jit::toPyObject(done.value());
+              if (out[0].cast<std::string>() == "ok") {
+                late = pyObjectIValue(py::reinterpret_borrow<py::object>(out[1]));
+              } else {
+                lateError = remoteExceptionFrom(out, worker);
+              }
+            }
+          } catch (const std::exception& e) {
+            lateError = RemoteException{"RuntimeError",
+                                        std::string("torchrpc's Python remote() handler failed: ") + e.what(),
+                                        "", "<python call>", worker};
+          }
+        }
+        if (lateError) {
+          onError(*lateError);
+        } else {
+          onValue(std::move(late));
+        }
+      });
+    } else if (error) {
       onError(*error);
     } else {
       onValue(std::move(value));

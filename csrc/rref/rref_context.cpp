@@ -32,10 +32,26 @@ std::pair<int, std::string> describeError(const std::exception_ptr& error) {
 
 }  // namespace
 
+namespace {
+std::mutex currentMutex;
+std::weak_ptr<RRefContext> currentContext;
+}  // namespace
+
 std::shared_ptr<RRefContext> RRefContext::create(std::shared_ptr<Agent> agent) {
   std::shared_ptr<RRefContext> ctx(new RRefContext(std::move(agent)));
   ctx->installHandlers();
+  std::lock_guard<std::mutex> lock(currentMutex);
+  currentContext = ctx;
   return ctx;
+}
+
+std::shared_ptr<RRefContext> RRefContext::current() {
+  std::shared_ptr<RRefContext> ctx;
+  {
+    std::lock_guard<std::mutex> lock(currentMutex);
+    ctx = currentContext.lock();
+  }
+  return ctx && !ctx->stopped_ ? ctx : nullptr;
 }
 
 RRefContext::RRefContext(std::shared_ptr<Agent> agent)
@@ -385,8 +401,8 @@ std::shared_ptr<RRef> RRefContext::receive(const ForkData& fork) {
     }
     if (fork.parent != rank_) {
       // A user sent the owner its own RRef: the parent may let go of its copy.
-      sendTracked(fork.parent, idsMessage(MessageType::kRRefChildAccept, fork.forkId),
-                  kProtocolTimeoutSeconds, "rref", "CHILD_ACCEPT", nullptr);
+      sendTrackedLater(fork.parent, idsMessage(MessageType::kRRefChildAccept, fork.forkId),
+                       "CHILD_ACCEPT", nullptr);
     }
     return owner;
   }
@@ -402,11 +418,10 @@ std::shared_ptr<RRef> RRefContext::receive(const ForkData& fork) {
     auto self = shared_from_this();
     ForkId forkId = fork.forkId;
     int parent = fork.parent;
-    sendTracked(fork.owner, idsMessage(MessageType::kRRefForkRequest, fork.rrefId, fork.forkId),
-                kProtocolTimeoutSeconds, "rref", "FORK_REQUEST",
-                [self, forkId, parent](std::exception_ptr error) {
-                  self->confirmUser(forkId, error, parent);
-                });
+    sendTrackedLater(fork.owner, idsMessage(MessageType::kRRefForkRequest, fork.rrefId, fork.forkId),
+                     "FORK_REQUEST", [self, forkId, parent](std::exception_ptr error) {
+                       self->confirmUser(forkId, error, parent);
+                     });
   }
   return user;
 }
@@ -557,6 +572,29 @@ void RRefContext::sendTracked(int dst, Message&& m, double timeoutSeconds,
     } else {
       self->agent_->pool().run(std::move(task));
     }
+  });
+}
+
+void RRefContext::sendTrackedLater(int dst, Message&& m, const std::string& what,
+                                   std::function<void(std::exception_ptr)> then) {
+  {
+    std::lock_guard<std::mutex> lock(idleMutex_);
+    ++inFlight_;
+  }
+  auto self = shared_from_this();
+  agent_->pool().run([self, dst, m = std::move(m), what, then = std::move(then)]() mutable {
+    try {
+      self->sendTracked(dst, std::move(m), kProtocolTimeoutSeconds, "rref", what, then);
+    } catch (...) {
+      TORCHRPC_WARN(self->workerName(), "cannot send " << what << " to " << self->workerLabel(dst)
+                                                       << ": " << describeError(std::current_exception()).second);
+      try {
+        if (then) then(std::current_exception());
+      } catch (...) {
+      }
+    }
+    std::lock_guard<std::mutex> lock(self->idleMutex_);
+    if (--self->inFlight_ == 0) self->idleCv_.notify_all();
   });
 }
 

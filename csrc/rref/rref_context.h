@@ -67,9 +67,14 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // Encodes a PyObject IValue as a PYTHON_RET response (takes the GIL).
   using PythonEncoder = std::function<Message(uint64_t id, const c10::IValue& value)>;
 
-  // Creates the context and installs its handlers on the agent.
+  // Creates the context and installs its handlers on the agent. The newest
+  // context becomes current() (one init_rpc or torchrpc::Worker per process).
   static std::shared_ptr<RRefContext> create(std::shared_ptr<Agent> agent);
   ~RRefContext();
+  // The context of this process's running session, for code with no handle
+  // on it (the TorchScript RRef class and ops, jit_ops/); null when none is
+  // running (never initialised, or stop() was called).
+  static std::shared_ptr<RRefContext> current();
 
   void setPythonRunner(PythonRunner runner);
   void setPythonEncoder(PythonEncoder encoder);
@@ -77,6 +82,8 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   int rank() const { return rank_; }
   const std::string& workerName() const { return agent_->options().name; }
   std::string workerLabel(int rank) const;
+  // Calls that pass timeout -1 (the TorchScript RRef class and ops) use this.
+  double defaultTimeoutSeconds() const { return agent_->options().defaultTimeoutSeconds; }
 
   // RRef(value): a new owner RRef of a local value.
   std::shared_ptr<OwnerRRef> createOwner(c10::IValue value);
@@ -92,6 +99,9 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   FuturePtr fetch(const std::shared_ptr<UserRRef>& rref, double timeoutSeconds);
 
   // Pickling an RRef into a message, and unpickling it on the receiver.
+  // Neither blocks nor sends on the calling thread (receive() may run on the
+  // I/O thread while a response is decoded): receive()'s FORK_REQUEST or
+  // CHILD_ACCEPT is sent from the pool, counted in flight at once.
   ForkData fork(const std::shared_ptr<RRef>& rref);
   std::shared_ptr<RRef> receive(const ForkData& fork);
   // The message that carried `fork` was never sent: undo fork().
@@ -151,6 +161,10 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // future, after which the in-flight count drops.
   void sendTracked(int dst, Message&& m, double timeoutSeconds, const std::string& callKind,
                    const std::string& what, std::function<void(std::exception_ptr)> then);
+  // sendTracked() from a pool thread, counted in flight from now; `then`
+  // also gets a synchronous send failure.
+  void sendTrackedLater(int dst, Message&& m, const std::string& what,
+                        std::function<void(std::exception_ptr)> then);
   // The owner acknowledged (or failed to) fork `forkId`: confirm the pending
   // user; tell the parent (if >= 0) with CHILD_ACCEPT.
   void confirmUser(const ForkId& forkId, std::exception_ptr error, int parent);

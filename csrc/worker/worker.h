@@ -19,6 +19,7 @@
 
 #include "agent/agent.h"
 #include "rendezvous/rendezvous.h"
+#include "rref/rref_context.h"
 
 namespace torchrpc {
 
@@ -29,7 +30,8 @@ std::string localHostId();
 class Worker {
  public:
   // Listens, exchanges addresses through `store` (waiting for the whole job)
-  // and starts serving; the agent becomes Agent::current() for the ops.
+  // and starts serving; the agent becomes Agent::current() for the ops, and
+  // its RRef context (remote() calls, RRefs in loaded TorchScript) current().
   // `beforeServing` may register callees: no call is handled before it returns.
   Worker(AgentOptions options, c10::intrusive_ptr<c10d::Store> store,
          const std::function<void(Agent&)>& beforeServing = {});
@@ -42,6 +44,7 @@ class Worker {
 
  private:
   std::shared_ptr<Agent> agent_;
+  std::shared_ptr<rref::RRefContext> rrefs_;
   std::unique_ptr<Rendezvous> rendezvous_;
 };
 

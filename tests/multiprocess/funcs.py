@@ -434,3 +434,95 @@ def grad_tensor():
 
 def rref_sum(rref):
     return rref.to_here().sum()
+
+
+# ---- RRefs inside TorchScript (tests/multiprocess/test_script_rref.py) ----------
+
+
+@torch.jit.script
+def script_remote(owner: str, x: torch.Tensor) -> rpc.RRef:
+    """remote() from TorchScript: an RRef of add(x, x) owned by `owner`."""
+    return rpc.remote(owner, "tests.add", args=(x, x))
+
+
+@torch.jit.script
+def script_to_here(rref: rpc.RRef) -> torch.Tensor:
+    value = rref.to_here()
+    assert isinstance(value, torch.Tensor)
+    return value
+
+
+@torch.jit.script
+def script_rref_info(rref: rpc.RRef) -> Tuple[str, bool]:
+    return rref.owner_name(), rref.is_owner()
+
+
+@torch.jit.script
+def script_local_value(rref: rpc.RRef) -> torch.Tensor:
+    value = rref.local_value()
+    assert isinstance(value, torch.Tensor)
+    return value
+
+
+@torch.jit.script
+def script_remote_then_fetch(owner: str, x: torch.Tensor, timeout: float = -1.0) -> torch.Tensor:
+    rref = rpc.remote(owner, "tests.add_with_default", args=(x, x), kwargs={"scale": 2.0})
+    value = rref.to_here(timeout)
+    assert isinstance(value, torch.Tensor)
+    return value
+
+
+@torch.jit.script
+def script_sum_rrefs(rrefs: List[rpc.RRef[torch.Tensor]]) -> torch.Tensor:
+    total = torch.zeros(3)
+    for r in rrefs:
+        value = r.to_here()
+        assert isinstance(value, torch.Tensor)
+        total = total + value
+    return total
+
+
+@torch.jit.script
+def script_forward_rref(rref: rpc.RRef, to: str) -> torch.Tensor:
+    """Passes the RRef on, from TorchScript, to worker `to`, which fetches it."""
+    out = rpc.rpc_sync(to, "tests.script_to_here", args=(rref,))
+    assert isinstance(out, torch.Tensor)
+    return out
+
+
+@torch.jit.script
+def script_remote_failing(owner: str, x: torch.Tensor) -> rpc.RRef:
+    return rpc.remote(owner, "tests.script_raises", args=(x,))
+
+
+rpc.register("tests.script_to_here", script_to_here)
+rpc.register("tests.script_remote", script_remote)
+rpc.register("tests.script_raises", script_raises)
+
+
+class RemoteDoubler(torch.nn.Module):
+    """A deployable module whose forward creates a remote value and fetches it."""
+
+    def __init__(self, owner: str):
+        super().__init__()
+        self.owner = owner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rref = rpc.remote(self.owner, "tests.add", args=(x, x))
+        value = rref.to_here()
+        assert isinstance(value, torch.Tensor)
+        return value + 1
+
+    @torch.jit.export
+    def make(self, x: torch.Tensor) -> rpc.RRef:
+        return rpc.remote(self.owner, "tests.add", args=(x, x))
+
+
+def live_rref_counts():
+    """(owner objects, user RRefs) on this worker."""
+    live = rpc.rref._live_rrefs()
+    return len(live["owner_objects"]), len(live["users"])
+
+
+def rref_of_python_value(x):
+    return rpc.RRef(x)

@@ -44,3 +44,17 @@ def test_python_calls_the_cpp_worker(job):
 def test_cpp_worker_reports_schema_mismatch(job):
     with pytest.raises(TypeError, match="worker2.forward.*worker2"):
         rpc.rpc_sync("worker2", "worker2.forward", args=("text",))
+
+
+def test_cpp_worker_owns_and_serves_rrefs(job):
+    # remote() on the C++ worker: its RRef context creates the value with the
+    # loaded model's forward (which itself calls worker0 and worker1)
+    rref = rpc.remote("worker2", "worker2.forward", args=(X,))
+    assert rref.owner_name() == "worker2"
+    assert torch.equal(rref.to_here(), X * 6)
+    # a third worker fetches it from the C++ owner, from TorchScript
+    assert torch.equal(rpc.rpc_sync("worker1", funcs.script_to_here, args=(rref,)), X * 6)
+    del rref
+    funcs.rref_settle()
+    assert rpc.rpc_sync("worker1", funcs.rref_settle) == 0
+    assert rpc.rref._live_rrefs()["users"] == []
