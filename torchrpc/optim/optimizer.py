@@ -94,18 +94,28 @@ class DistributedOptimizer:
     def step(self, context_id):
         """Applies the gradients of `context_id` on every owner, concurrently;
         returns when all are done. Raises the first owner's error."""
-        futures = []
-        for (owner, local), fid in zip(self._locals, self._functional_ids):
-            if fid is not None:
-                futures.append(api.rpc_async(owner, torch.ops.torchrpc.optimizer_step,
-                                             args=(fid, context_id)))
+        me = api.get_worker_info()
+        futures, local = [], []
+        for (owner, opt), fid in zip(self._locals, self._functional_ids):
+            if owner == me:
+                local.append((opt, fid))  # stepped here, below, with no RPC
+            elif fid is not None:
+                futures.append(api.rpc_async(owner, torch.ops.torchrpc.optimizer_step, args=(fid, context_id)))
             else:
-                futures.append(api.rpc_async(owner, _step, args=(local, context_id)))
+                futures.append(api.rpc_async(owner, _step, args=(opt, context_id)))
         failure = None
+        for opt, fid in local:
+            try:
+                if fid is not None:
+                    torch.ops.torchrpc.optimizer_step(fid, context_id)
+                else:
+                    _step(opt, context_id)
+            except Exception as exc:
+                failure = failure or exc
         for fut in futures:
             try:
                 fut.wait()
-            except errors.RpcError as exc:
+            except Exception as exc:
                 failure = failure or exc
         if failure is not None:
             raise failure
