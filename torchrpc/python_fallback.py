@@ -260,22 +260,34 @@ def _stateless(fn):
     return isinstance(fn, types.FunctionType) and fn.__closure__ is None
 
 
+def _async_future(result, name, fn):
+    """The future of an @async_execution callee (or of an async method called
+    through an RRef proxy, wrapped in functions.Deferred); None for an
+    ordinary result; an ("err", ...) outcome if it returned no future."""
+    deferred = isinstance(result, functions.Deferred)
+    if not (deferred or functions.is_async_execution(fn)):
+        return None
+    future = result.future if deferred else result
+    if not isinstance(future, torch._C.Future):
+        return _error(TypeError(
+            f"{name!r} is decorated with @torchrpc.functions.async_execution, so it must return a "
+            f"torch.futures.Future; it returned {type(future).__name__}"), name)
+    return future
+
+
 def handle_call(payload, tensors, caller_rank):
     """Runs one Python call. Called by the native bridge with the GIL held."""
     outcome = _run(payload, tensors)
     if outcome[0] != "ok":
         return outcome
     _, result, name, fn = outcome
-    deferred = isinstance(result, functions.Deferred)  # e.g. an async method through an RRef proxy
-    if deferred or functions.is_async_execution(fn):
-        future = result.future if deferred else result
-        if not isinstance(future, torch._C.Future):
-            return _error(TypeError(
-                f"{name!r} is decorated with @torchrpc.functions.async_execution, so it must return a "
-                f"torch.futures.Future; it returned {type(future).__name__}"), name)
-        # The native bridge responds when this completes; no thread waits for it.
-        return ("async", future.then(lambda done: _outcome(done, name)))
-    return encode_value(result, name)
+    future = _async_future(result, name, fn)
+    if future is None:
+        return encode_value(result, name)
+    if isinstance(future, tuple):
+        return future
+    # The native bridge responds when this completes; no thread waits for it.
+    return ("async", future.then(lambda done: _outcome(done, name)))
 
 
 def handle_remote(payload, tensors, caller_rank):
@@ -286,16 +298,13 @@ def handle_remote(payload, tensors, caller_rank):
     if outcome[0] != "ok":
         return outcome
     _, result, name, fn = outcome
-    deferred = isinstance(result, functions.Deferred)  # an async method through rref.remote()
-    if deferred or functions.is_async_execution(fn):
-        future = result.future if deferred else result
-        if not isinstance(future, torch._C.Future):
-            return _error(TypeError(
-                f"{name!r} is decorated with @torchrpc.functions.async_execution, so it must return a "
-                f"torch.futures.Future; it returned {type(future).__name__}"), name)
-        # The owner's value is what the future gives; the native bridge waits for it.
-        return ("async", future.then(lambda done: _remote_outcome(done, name)))
-    return ("ok", result)
+    future = _async_future(result, name, fn)
+    if future is None:
+        return ("ok", result)
+    if isinstance(future, tuple):
+        return future
+    # The owner's value is what the future gives; the native bridge waits for it.
+    return ("async", future.then(lambda done: _remote_outcome(done, name)))
 
 
 def _remote_outcome(fut, name):

@@ -14,7 +14,6 @@ import torch
 from torchrpc.optim.functional import (
     FunctionalAdagrad,
     FunctionalAdam,
-    FunctionalAdamW,
     FunctionalRMSprop,
     FunctionalSGD,
     functional_optimizer,
@@ -230,7 +229,7 @@ def test_sparse_gradients_match_torch_optim(optimizer_class, kwargs):
     "make, message",
     [
         (lambda p: FunctionalAdam(p), "Adam does not support sparse gradients"),
-        (lambda p: FunctionalAdamW(p), "Adam does not support sparse gradients"),
+        (lambda p: FunctionalAdam(p, decoupled_weight_decay=True), "Adam does not support sparse gradients"),
         (lambda p: FunctionalRMSprop(p), "RMSprop does not support sparse gradients"),
         (
             lambda p: FunctionalAdagrad(p, weight_decay=0.1),

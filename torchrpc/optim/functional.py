@@ -8,8 +8,8 @@ single-tensor (``foreach=False``) implementation of the matching
 ``torch.optim`` class in torch 2.13, op for op, so on CPU the parameters and
 the state follow ``torch.optim`` to the last bit for float hyper-parameters.
 
-Each public class (``FunctionalSGD``, ``FunctionalAdam``, ``FunctionalAdamW``,
-``FunctionalAdagrad``, ``FunctionalRMSprop``) is a handle on a TorchScript
+Each public class (``FunctionalSGD``, ``FunctionalAdam`` (also AdamW, with
+``decoupled_weight_decay=True``), ``FunctionalAdagrad``, ``FunctionalRMSprop``) is a handle on a TorchScript
 class. The class is compiled on first use, once per process. Calling the
 handle builds a ``torch.ScriptObject``; its methods run in the TorchScript
 interpreter, from Python as from C++::
@@ -59,7 +59,6 @@ from torch import Tensor
 __all__ = [
     "FunctionalAdagrad",
     "FunctionalAdam",
-    "FunctionalAdamW",
     "FunctionalRMSprop",
     "FunctionalSGD",
     "functional_optimizer",
@@ -305,91 +304,6 @@ class FunctionalAdam:
                         self.eps,
                         self.weight_decay,
                         self.decoupled_weight_decay,
-                    )
-
-
-class FunctionalAdamW:
-    """``torch.optim.AdamW`` as a TorchScript class: Adam with decoupled weight decay.
-
-    Args:
-        params (List[Tensor]): parameters, updated in place by ``step``.
-        lr (float): learning rate (default 1e-3).
-        betas (Tuple[float, float]): running-average coefficients (default (0.9, 0.999)).
-        eps (float): added to the denominator (default 1e-8).
-        weight_decay (float): decoupled weight decay (default 1e-2).
-        amsgrad (bool): the AMSGrad variant (default False).
-        maximize (bool): maximize the objective (default False).
-
-    Attributes:
-        steps, exp_avgs, exp_avg_sqs, max_exp_avg_sqs: as ``FunctionalAdam``.
-
-    Concurrent ``step`` calls on one instance must be serialized.
-    """
-
-    def __init__(
-        self,
-        params: List[Tensor],
-        lr: float = 1e-3,
-        betas: Tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 1e-2,
-        amsgrad: bool = False,
-        maximize: bool = False,
-    ):
-        _check_adam_hyper_parameters(lr, betas, eps, weight_decay)
-        _check_params(params)
-        self.params = params
-        self.lr = lr
-        self.beta1 = betas[0]
-        self.beta2 = betas[1]
-        self.eps = eps
-        self.weight_decay = weight_decay
-        self.amsgrad = amsgrad
-        self.maximize = maximize
-        self.steps: List[float] = [0.0 for _ in params]
-        self.exp_avgs: List[Optional[Tensor]] = [None for _ in params]
-        self.exp_avg_sqs: List[Optional[Tensor]] = [None for _ in params]
-        self.max_exp_avg_sqs: List[Optional[Tensor]] = [None for _ in params]
-
-    def step(self, gradients: List[Optional[Tensor]]) -> None:
-        # TorchScript classes cannot inherit; the update itself is shared
-        # with FunctionalAdam through _adam_update.
-        _check_gradients(
-            "FunctionalAdamW",
-            self.params,
-            gradients,
-            "Adam does not support sparse gradients, please consider SparseAdam instead",
-        )
-        with torch.no_grad():
-            for i in range(len(self.params)):
-                g = gradients[i]
-                if g is not None:
-                    param = self.params[i]
-                    exp_avg = self.exp_avgs[i]
-                    exp_avg_sq = self.exp_avg_sqs[i]
-                    if exp_avg is None or exp_avg_sq is None:
-                        exp_avg = torch.zeros_like(param, memory_format=torch.preserve_format)
-                        exp_avg_sq = torch.zeros_like(param, memory_format=torch.preserve_format)
-                        self.exp_avgs[i] = exp_avg
-                        self.exp_avg_sqs[i] = exp_avg_sq
-                        if self.amsgrad:
-                            self.max_exp_avg_sqs[i] = torch.zeros_like(
-                                param, memory_format=torch.preserve_format
-                            )
-                    self.steps[i] += 1.0
-                    _adam_update(
-                        param,
-                        -g if self.maximize else g,
-                        exp_avg,
-                        exp_avg_sq,
-                        self.max_exp_avg_sqs[i],
-                        self.steps[i],
-                        self.lr,
-                        self.beta1,
-                        self.beta2,
-                        self.eps,
-                        self.weight_decay,
-                        True,
                     )
 
 
@@ -653,7 +567,6 @@ class _ScriptClass:
 
 FunctionalSGD = _ScriptClass(FunctionalSGD)
 FunctionalAdam = _ScriptClass(FunctionalAdam)
-FunctionalAdamW = _ScriptClass(FunctionalAdamW)
 FunctionalAdagrad = _ScriptClass(FunctionalAdagrad)
 FunctionalRMSprop = _ScriptClass(FunctionalRMSprop)
 
@@ -723,6 +636,11 @@ def _adam_kwargs(a: Dict[str, Any]) -> Dict[str, Any]:
     return kwargs
 
 
+def _adamw_kwargs(a: Dict[str, Any]) -> Dict[str, Any]:
+    # torch.optim.AdamW is Adam with decoupled weight decay (and its own defaults).
+    return dict(_adam_common_kwargs(a), decoupled_weight_decay=True)
+
+
 def _adagrad_kwargs(a: Dict[str, Any]) -> Dict[str, Any]:
     return {
         "lr": _to_float("lr", a["lr"]),
@@ -752,7 +670,7 @@ def _rmsprop_kwargs(a: Dict[str, Any]) -> Dict[str, Any]:
 _FUNCTIONAL: Dict[type, Tuple[_ScriptClass, Callable[[Dict[str, Any]], Dict[str, Any]]]] = {
     torch.optim.SGD: (FunctionalSGD, _sgd_kwargs),
     torch.optim.Adam: (FunctionalAdam, _adam_kwargs),
-    torch.optim.AdamW: (FunctionalAdamW, _adam_common_kwargs),
+    torch.optim.AdamW: (FunctionalAdam, _adamw_kwargs),
     torch.optim.Adagrad: (FunctionalAdagrad, _adagrad_kwargs),
     torch.optim.RMSprop: (FunctionalRMSprop, _rmsprop_kwargs),
 }
