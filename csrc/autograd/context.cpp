@@ -6,6 +6,7 @@ namespace torchrpc::autograd {
 
 namespace {
 thread_local int64_t currentContextId = -1;
+constexpr size_t kRememberReleased = 4096;
 }  // namespace
 
 int64_t Context::addSend(c10::intrusive_ptr<SendRpcBackward> send) {
@@ -84,6 +85,7 @@ std::shared_ptr<Context> Container::create() {
 
 std::shared_ptr<Context> Container::getOrCreate(int64_t id) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (released_.count(id)) return nullptr;
   auto& slot = contexts_[id];
   if (!slot) slot = std::make_shared<Context>(id);
   return slot;
@@ -105,6 +107,13 @@ std::shared_ptr<Context> Container::retrieve(int64_t id, const std::string& work
 
 std::shared_ptr<Context> Container::release(int64_t id) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (released_.insert(id).second) {
+    releasedOrder_.push_back(id);
+    if (releasedOrder_.size() > kRememberReleased) {
+      released_.erase(releasedOrder_.front());
+      releasedOrder_.pop_front();
+    }
+  }
   auto it = contexts_.find(id);
   if (it == contexts_.end()) return nullptr;
   auto ctx = std::move(it->second);
@@ -123,6 +132,8 @@ void Container::clear() {
   std::unordered_map<int64_t, std::shared_ptr<Context>> dropped;
   std::lock_guard<std::mutex> lock(mutex_);
   dropped.swap(contexts_);
+  released_.clear();
+  releasedOrder_.clear();
   next_ = 0;
 }
 

@@ -17,10 +17,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -66,13 +68,16 @@ class Container {
   void setRank(int rank);
   // A new context, current on this thread. Throws if the thread has one.
   std::shared_ptr<Context> create();
-  // The context with this id, created if this worker has not seen it yet.
+  // The context with this id, created if this worker has not seen it yet;
+  // null if it was released here already (a request that arrives after the
+  // context's cleanup message must not bring it back: nothing would release
+  // it again).
   std::shared_ptr<Context> getOrCreate(int64_t id);
   // Null if unknown (never seen, or released).
   std::shared_ptr<Context> find(int64_t id) const;
   // Throws a clear error naming the worker if unknown.
   std::shared_ptr<Context> retrieve(int64_t id, const std::string& worker) const;
-  // Removes it; returns it (null if it was not there).
+  // Removes it and remembers it as released; returns it (null if it was not there).
   std::shared_ptr<Context> release(int64_t id);
   std::vector<int64_t> liveIds() const;
   void clear();
@@ -86,6 +91,9 @@ class Container {
   int64_t rankPrefix_{0};
   int64_t next_{0};
   std::unordered_map<int64_t, std::shared_ptr<Context>> contexts_;
+  // The ids released most recently (bounded), in release order.
+  std::deque<int64_t> releasedOrder_;
+  std::unordered_set<int64_t> released_;
 };
 
 // Makes `id` the thread's current context for a scope.

@@ -151,8 +151,10 @@ void Recorder::incomingResponse(Message& response, int src) {
 std::shared_ptr<CallScope> Recorder::incomingRequest(Message& request, int src) {
   if (request.type != MessageType::kAutogradCall) return nullptr;
   Envelope e = unwrap(request, src, [](int64_t id) { return Container::get().getOrCreate(id); });
-  if (!(e.flags & kLocal)) Container::get().getOrCreate(e.contextId);
-  return std::make_shared<Scope>(e.contextId, (e.flags & kLocal) != 0, worker_);
+  const bool local = (e.flags & kLocal) != 0;
+  // Released here already: the request runs outside any context, unrecorded.
+  if (!local && !Container::get().getOrCreate(e.contextId)) return nullptr;
+  return std::make_shared<Scope>(e.contextId, local, worker_);
 }
 
 void Recorder::stop() { Container::get().clear(); }
