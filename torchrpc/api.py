@@ -211,7 +211,7 @@ def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):
     finally:
         state.agent.shutdown()
         state.rref_ctx.stop()
-        state.callbacks.stop()  # runs the completions of the calls shutdown failed
+        state.callbacks.stop(timeout)  # runs the completions of the calls shutdown failed
         python_fallback.forget_sent()
         shipped_code.forget()
         with _state_lock:

@@ -239,7 +239,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<torchrpc::python_fallback::CallbackRunner,
              std::shared_ptr<torchrpc::python_fallback::CallbackRunner>>(m, "CallbackRunner")
       .def(py::init<>())
-      .def("stop", &torchrpc::python_fallback::CallbackRunner::stop,
+      .def("stop", &torchrpc::python_fallback::CallbackRunner::stop, py::arg("timeout") = 10.0,
            py::call_guard<py::gil_scoped_release>());
 
   m.def("local_host_id", &torchrpc::localHostId);

@@ -1,17 +1,19 @@
 #include "python_fallback/callback_runner.h"
 
-#include "common/intra_op.h"
+#include <chrono>
+#include <iostream>
 
+#include "common/intra_op.h"
 #include "common/spin.h"
 
 namespace py = pybind11;
 
 namespace torchrpc::python_fallback {
 
-CallbackRunner::CallbackRunner() {
-  thread_ = std::thread([this] {
+CallbackRunner::CallbackRunner() : state_(std::make_shared<State>()) {
+  thread_ = std::thread([state = state_] {
     initIntraOpThreads();
-    run();
+    run(state);
   });
 }
 
@@ -27,11 +29,11 @@ CallbackRunner::~CallbackRunner() {
 
 void CallbackRunner::post(std::shared_ptr<py::object> callback) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!stopped_) {
-      queue_.push_back(std::move(callback));
-      queued_.store(queue_.size());
-      cv_.notify_one();
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (!state_->stopped) {
+      state_->queue.push_back(std::move(callback));
+      state_->queued.store(state_->queue.size());
+      state_->cv.notify_one();
       return;
     }
   }
@@ -53,32 +55,48 @@ void CallbackRunner::runOne(std::shared_ptr<py::object>& cb) {
   cb.reset();  // drop the Python references while holding the GIL
 }
 
-void CallbackRunner::run() {
+void CallbackRunner::run(const std::shared_ptr<State>& state) {
   while (true) {
-    spinUntil([this] { return queued_.load() > 0; });
+    spinUntil([&] { return state->queued.load() > 0; });
     std::deque<std::shared_ptr<py::object>> batch;
     {
-      std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) {  // stopping, nothing left
-        stopped_ = true;
+      std::unique_lock<std::mutex> lock(state->mutex);
+      state->cv.wait(lock, [&] { return state->stopping || !state->queue.empty(); });
+      if (state->queue.empty()) {  // stopping, nothing left
+        state->stopped = true;
+        state->exited.notify_all();
         return;
       }
-      batch.swap(queue_);
-      queued_.store(0);
+      batch.swap(state->queue);
+      state->queued.store(0);
     }
     py::gil_scoped_acquire gil;  // once per batch; runOne's acquire nests
     for (auto& cb : batch) runOne(cb);
   }
 }
 
-void CallbackRunner::stop() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
+bool CallbackRunner::stop(double timeoutSeconds) {
+  if (!thread_.joinable()) return true;
+  if (thread_.get_id() == std::this_thread::get_id()) {  // a callback shutting down
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->stopping = true;
+    state_->cv.notify_one();
+    return true;
   }
-  cv_.notify_one();
-  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  state_->stopping = true;
+  state_->cv.notify_one();
+  bool done = state_->exited.wait_for(lock, std::chrono::duration<double>(timeoutSeconds),
+                                      [&] { return state_->stopped; });
+  lock.unlock();
+  if (done) {
+    thread_.join();
+    return true;
+  }
+  std::cerr << "torchrpc: rpc_async completion callbacks were still running " << timeoutSeconds
+            << " s after shutdown began (a callback that does not return?); leaving them\n";
+  thread_.detach();
+  return false;
 }
 
 }  // namespace torchrpc::python_fallback

@@ -27,19 +27,28 @@ class CallbackRunner {
 
   // Any thread, no GIL needed (after stop(), runs the callback inline).
   void post(std::shared_ptr<pybind11::object> callback);
-  // Runs what is queued, then joins. Call without the GIL.
-  void stop();
+  // Runs what is queued, then joins; returns false (and leaves the thread
+  // running, detached) if that takes longer than timeoutSeconds, e.g. a
+  // callback that never returns. Call without the GIL.
+  bool stop(double timeoutSeconds = 10.0);
 
  private:
-  void run();
+  // Shared with the thread, which may outlive this object after a stop()
+  // that gave up on it.
+  struct State {
+    std::mutex mutex;
+    std::condition_variable cv;      // work queued, or stopping
+    std::condition_variable exited;  // the thread is done
+    std::deque<std::shared_ptr<pybind11::object>> queue;
+    std::atomic<size_t> queued{0};
+    bool stopping{false};
+    bool stopped{false};  // the thread has exited; post() runs callbacks inline
+  };
+
+  static void run(const std::shared_ptr<State>& state);
   static void runOne(std::shared_ptr<pybind11::object>& callback);
 
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<pybind11::object>> queue_;
-  std::atomic<size_t> queued_{0};
-  bool stopping_{false};
-  bool stopped_{false};  // the thread has exited; post() runs callbacks inline
+  std::shared_ptr<State> state_;
   std::thread thread_;
 };
 

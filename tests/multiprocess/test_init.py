@@ -6,6 +6,7 @@ process after shutdown."""
 
 import os
 import subprocess
+import threading
 import time
 
 import pytest
@@ -73,6 +74,24 @@ def test_non_graceful_shutdown_is_local_and_fails_pending_calls():
             fut.wait()
         with pytest.raises(rpc.NotInitializedError, match="init_rpc"):
             rpc.rpc_sync("worker1", funcs.pid)
+
+
+def test_shutdown_does_not_wait_forever_for_a_completion_callback(capfd):
+    with Cluster(2).unmanaged():
+        release, running = threading.Event(), threading.Event()
+
+        def stuck(_):
+            running.set()
+            release.wait(30)
+
+        rpc.rpc_async("worker1", funcs.pid).then(stuck)
+        assert running.wait(10)
+        started = time.monotonic()
+        rpc.shutdown(graceful=False, timeout=1)
+        took = time.monotonic() - started
+        release.set()
+        assert took < 5, f"shutdown took {took:.1f} s with a callback that does not return"
+        assert "completion callbacks were still running 1 s after shutdown began" in capfd.readouterr().err
 
 
 def test_graceful_shutdown_timeout_names_what_is_missing():
