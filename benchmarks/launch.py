@@ -1,7 +1,8 @@
 """Starts a job of benchmark worker processes and always cleans them up.
 
-Each worker is ``python -m benchmarks.worker`` in its own session (process
-group), with its output in a log file. :func:`run_job` waits with a deadline,
+Each worker is ``python -m benchmarks.worker`` in its own process group (in
+this session, as torchrun starts workers; ``TORCHRPC_BENCH_SESSIONS=1``: each
+in its own session), with its output in a log file. :func:`run_job` waits with a deadline,
 fails fast when a worker fails, and kills whatever is still running on the
 way out, on success, error or Ctrl-C alike.
 """
@@ -35,6 +36,14 @@ def _tail(path, lines=15):
             return "".join(f.readlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+# Each worker gets its own process group (killed as one), in this session.
+# TORCHRPC_BENCH_SESSIONS=1 starts each in its own session instead: separate
+# terminals do that, torchrun does not, and the kernel's autogroup scheduling
+# then shares the CPU between the workers' sessions (see README, Speed).
+_GROUP = ({"start_new_session": True} if os.environ.get("TORCHRPC_BENCH_SESSIONS") == "1"
+          else {"process_group": 0})
 
 
 def _kill(proc):
@@ -85,7 +94,7 @@ def run_job(job, backend, world_size, control_port, cfg, timeout, ports=None, to
                 with open(logs[-1], "w") as log:
                     procs.append(subprocess.Popen(
                         [sys.executable, "-m", "benchmarks.worker", "--spec", spec_path, "--rank", str(rank)],
-                        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+                        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, **_GROUP))
             _wait_all(procs, logs, time.monotonic() + timeout, f"{backend}/{job}")
             results = []
             for rank in range(world_size):
