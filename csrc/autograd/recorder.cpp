@@ -58,8 +58,9 @@ void wrap(Message& m, MessageType outer, Context& ctx, bool local) {
   m.type = outer;
 }
 
-// Unwraps `m` in place; gives the tensors the sender recorded a
-// RecvRpcBackward in ctx (found or created by getCtx; null: record nothing).
+// Unwraps `m` in place. Unless it is local, looks its context up with getCtx
+// (null: record nothing) and gives the tensors the sender recorded a
+// RecvRpcBackward in it.
 template <typename GetContext>
 Envelope unwrap(Message& m, int src, GetContext getCtx) {
   Envelope e;
@@ -71,8 +72,9 @@ Envelope unwrap(Message& m, int src, GetContext getCtx) {
               " tensors; the message has ", m.tensors.size());
   TORCH_CHECK(m.payload.size() >= sizeof(e) + maskLen, "truncated autograd envelope mask");
   const char* mask = m.payload.data() + sizeof(e);
-  if (!(e.flags & kLocal) && e.sendId >= 0) {
-    if (auto ctx = getCtx(e.contextId)) {
+  if (!(e.flags & kLocal)) {
+    auto ctx = getCtx(e.contextId);
+    if (ctx && e.sendId >= 0) {
       auto recv = c10::make_intrusive<RecvRpcBackward>(ctx->id(), src, e.sendId);
       for (size_t i = 0; i < m.tensors.size(); ++i) {
         if (mask[i / 8] & (1 << (i % 8))) torch::autograd::set_history(m.tensors[i], recv);
@@ -150,10 +152,11 @@ void Recorder::incomingResponse(Message& response, int src) {
 
 std::shared_ptr<CallScope> Recorder::incomingRequest(Message& request, int src) {
   if (request.type != MessageType::kAutogradCall) return nullptr;
-  Envelope e = unwrap(request, src, [](int64_t id) { return Container::get().getOrCreate(id); });
+  std::shared_ptr<Context> ctx;
+  Envelope e = unwrap(request, src, [&ctx](int64_t id) { return ctx = Container::get().getOrCreate(id); });
   const bool local = (e.flags & kLocal) != 0;
   // Released here already: the request runs outside any context, unrecorded.
-  if (!local && !Container::get().getOrCreate(e.contextId)) return nullptr;
+  if (!local && !ctx) return nullptr;
   return std::make_shared<Scope>(e.contextId, local, worker_);
 }
 

@@ -119,22 +119,11 @@ std::vector<c10::IValue> stackFor(const c10::FunctionSchema& schema, const py::t
   }
 }
 
-// Errors raised while sending (an unsupported tensor, a closed agent) become
-// ValueError with the core's message, without a C++ backtrace.
-template <typename F>
-Call translated(F&& send) {
-  try {
-    return send();
-  } catch (const c10::TypeError& e) {
-    throw py::type_error(e.what_without_backtrace());
-  } catch (const c10::Error& e) {
-    throw py::value_error(e.what_without_backtrace());
-  }
-}
-
-// c10 errors of the core as the matching Python exceptions, without a C++
-// backtrace.
-template <typename F>
+// c10 errors of the core as Python exceptions, without a C++ backtrace:
+// c10::ValueError and c10::TypeError as themselves, any other c10::Error as
+// `Otherwise`. Errors raised while sending (an unsupported tensor, a closed
+// agent) are the caller's ValueError.
+template <typename Otherwise = std::runtime_error, typename F>
 auto pythonErrors(F&& f) -> decltype(f()) {
   try {
     return f();
@@ -142,11 +131,14 @@ auto pythonErrors(F&& f) -> decltype(f()) {
     throw py::value_error(e.what_without_backtrace());
   } catch (const c10::TypeError& e) {
     throw py::type_error(e.what_without_backtrace());
-  } catch (const torchrpc::RpcError&) {
-    throw;
   } catch (const c10::Error& e) {
-    throw std::runtime_error(e.what_without_backtrace());
+    throw Otherwise(e.what_without_backtrace());
   }
+}
+
+template <typename F>
+Call translated(F&& send) {
+  return pythonErrors<py::value_error>(std::forward<F>(send));
 }
 
 // The first overload of builtin `opName` that accepts the arguments, as a

@@ -46,6 +46,38 @@ class PyValueHolder final : public c10::ivalue::PyObjectHolder {
   py::object obj_;
 };
 
+// What a remote() handler gave: the owner's value, or the error.
+struct Outcome {
+  c10::IValue value;
+  std::optional<RemoteException> error;
+
+  // Call without the GIL.
+  void deliver(const std::function<void(c10::IValue)>& onValue,
+               const std::function<void(const RemoteException&)>& onError) {
+    if (error) {
+      onError(*error);
+    } else {
+      onValue(std::move(value));
+    }
+  }
+};
+
+RemoteException handlerFailure(const std::string& why, const std::string& worker) {
+  return RemoteException{"RuntimeError", "torchrpc's Python remote() handler failed: " + why, "",
+                         "<python call>", worker};
+}
+
+// An ("ok", value) / ("err", ...) outcome tuple. Needs the GIL.
+Outcome decodeOutcome(const py::tuple& out, const std::string& worker) {
+  Outcome o;
+  if (out[0].cast<std::string>() == "ok") {
+    o.value = pyObjectIValue(py::reinterpret_borrow<py::object>(out[1]));
+  } else {
+    o.error = remoteExceptionFrom(out, worker);
+  }
+  return o;
+}
+
 }  // namespace
 
 c10::IValue pyObjectIValue(py::object obj) {
@@ -60,68 +92,45 @@ void installRRefPython(rref::RRefContext& ctx, py::object runner, py::object enc
   ctx.setPythonRunner([run, worker](Message&& call, int callerRank,
                                     std::function<void(c10::IValue)> onValue,
                                     std::function<void(const RemoteException&)> onError) {
-    c10::IValue value;
-    std::optional<RemoteException> error;
+    Outcome now;
     c10::intrusive_ptr<c10::ivalue::Future> later;
     {
       py::gil_scoped_acquire gil;
       try {
         py::tuple out = callPythonHandler(*run, call, callerRank);
-        const auto tag = out[0].cast<std::string>();
-        if (tag == "ok") {
-          value = pyObjectIValue(py::reinterpret_borrow<py::object>(out[1]));
-        } else if (tag == "async") {
+        if (out[0].cast<std::string>() == "async") {
           // @async_execution (e.g. rref.remote().method()): the value is what
           // the function's future gives, as an ("ok", value) / ("err", ...)
           // outcome; no thread waits for it.
           later = py::cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>(out[1])->fut;
         } else {
-          error = remoteExceptionFrom(out, worker);
+          now = decodeOutcome(out, worker);
         }
       } catch (const std::exception& e) {
-        error = RemoteException{"RuntimeError",
-                                std::string("torchrpc's Python remote() handler failed: ") + e.what(),
-                                "", "<python call>", worker};
+        now.error = handlerFailure(e.what(), worker);
       }
     }
     // Outside the GIL: completing the value runs fetch callbacks, which take it.
-    if (later) {
-      later->addCallback([onValue, onError, worker](c10::ivalue::Future& done) {
-        c10::IValue late;
-        std::optional<RemoteException> lateError;
-        {
-          py::gil_scoped_acquire gil;
-          try {
-            if (done.hasError()) {
-              lateError = RemoteException{"RuntimeError",
-                                          "torchrpc's Python remote() handler failed: " +
-                                              done.tryRetrieveErrorMessage(),
-                                          "", "<python call>", worker};
-            } else {
-              py::tuple out = torch::jit::toPyObject(done.value());
-              if (out[0].cast<std::string>() == "ok") {
-                late = pyObjectIValue(py::reinterpret_borrow<py::object>(out[1]));
-              } else {
-                lateError = remoteExceptionFrom(out, worker);
-              }
-            }
-          } catch (const std::exception& e) {
-            lateError = RemoteException{"RuntimeError",
-                                        std::string("torchrpc's Python remote() handler failed: ") + e.what(),
-                                        "", "<python call>", worker};
-          }
-        }
-        if (lateError) {
-          onError(*lateError);
-        } else {
-          onValue(std::move(late));
-        }
-      });
-    } else if (error) {
-      onError(*error);
-    } else {
-      onValue(std::move(value));
+    if (!later) {
+      now.deliver(onValue, onError);
+      return;
     }
+    later->addCallback([onValue, onError, worker](c10::ivalue::Future& done) {
+      Outcome late;
+      {
+        py::gil_scoped_acquire gil;
+        try {
+          if (done.hasError()) {
+            late.error = handlerFailure(done.tryRetrieveErrorMessage(), worker);
+          } else {
+            late = decodeOutcome(torch::jit::toPyObject(done.value()), worker);
+          }
+        } catch (const std::exception& e) {
+          late.error = handlerFailure(e.what(), worker);
+        }
+      }
+      late.deliver(onValue, onError);
+    });
   });
   ctx.setPythonEncoder([encode, worker](uint64_t id, const c10::IValue& value) {
     py::gil_scoped_acquire gil;

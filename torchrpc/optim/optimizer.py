@@ -95,23 +95,13 @@ class DistributedOptimizer:
         """Applies the gradients of `context_id` on every owner, concurrently;
         returns when all are done. Raises the first owner's error."""
         me = api.get_worker_info()
-        futures, local = [], []
-        for (owner, opt), fid in zip(self._locals, self._functional_ids):
-            if owner == me:
-                local.append((opt, fid))  # stepped here, below, with no RPC
-            elif fid is not None:
-                futures.append(api.rpc_async(owner, torch.ops.torchrpc.optimizer_step, args=(fid, context_id)))
-            else:
-                futures.append(api.rpc_async(owner, _step, args=(opt, context_id)))
+        calls = [(owner, *((torch.ops.torchrpc.optimizer_step, (fid, context_id)) if fid is not None
+                           else (_step, (opt, context_id))))
+                 for (owner, opt), fid in zip(self._locals, self._functional_ids)]
+        # The other owners first, so that they step while this one does.
+        futures = [api.rpc_async(owner, fn, args=args) for owner, fn, args in calls if owner != me]
+        futures += [_run_here(fn, args) for owner, fn, args in calls if owner == me]  # no RPC to itself
         failure = None
-        for opt, fid in local:
-            try:
-                if fid is not None:
-                    torch.ops.torchrpc.optimizer_step(fid, context_id)
-                else:
-                    _step(opt, context_id)
-            except Exception as exc:
-                failure = failure or exc
         for fut in futures:
             try:
                 fut.wait()
@@ -119,3 +109,22 @@ class DistributedOptimizer:
                 failure = failure or exc
         if failure is not None:
             raise failure
+
+
+def _run_here(fn, args):
+    """fn(*args) now, as a completed future. (The future is made outside the
+    frame its exception's traceback refers to: no cycle through C++.)"""
+    try:
+        value = fn(*args)
+    except Exception as exc:
+        return _completed(exc=exc)
+    return _completed(value)
+
+
+def _completed(value=None, exc=None):
+    fut = torch.futures.Future()
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(value)
+    return fut
