@@ -1,13 +1,13 @@
 // torchrpc::remote: remote() from TorchScript.
 //
 //   remote(str to, str qualified_name, Any? args=None, Any? kwargs=None,
-//          float timeout=-1.) -> __torch__.torch.classes.torchrpc.RRef
+//          float timeout=-1., str load_hint="") -> __torch__.torch.classes.torchrpc.RRef
 //
 // Runs the script function the callee knows as `qualified_name` there and
 // returns at once an RRef owned by `to` (an owner RRef when `to` is this
 // worker). Creation errors and timeouts surface on to_here(), naming the
 // owner, as in eager Python, whose torchrpc.remote maps onto this op inside
-// TorchScript (torchrpc/api.py). The return type is concrete (no type
+// TorchScript (torchrpc/jit_ops.py). The return type is concrete (no type
 // variable), so code that calls it survives torch.jit.save / load.
 
 #include <torch/library.h>
@@ -29,14 +29,10 @@ void remoteKernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
                    "torchrpc.remote: this process serves no RRefs (torchrpc is shutting down, or "
                    "the worker was started without an RRef context)");
   }
-  const double timeout = resolveTimeout(*agent, stack->back().toDouble());
-  c10::IValue kwargs = (*stack)[stack->size() - 2];
-  c10::IValue args = (*stack)[stack->size() - 3];
-  std::string name = (*stack)[stack->size() - 4].toStringRef();
-  std::string to = (*stack)[stack->size() - 5].toStringRef();
-  torch::jit::drop(*stack, 5);
-  const int dst = destinationRank(*agent, to, name, "remote");
-  auto rref = ctx->remote(dst, namedCallMessage(name, args, kwargs, "remote"), timeout, name);
+  NamedCall call = popNamedCall(*agent, *stack);
+  const int dst = destinationRank(*agent, call.to, call.name, "remote");
+  auto rref =
+      ctx->remote(dst, namedCallMessage(call.name, call.args, call.kwargs, "remote"), call.timeout, call.name);
   stack->emplace_back(scriptRRef(std::move(rref)));
 }
 
@@ -44,7 +40,7 @@ void remoteKernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
 
 void defineRemoteOp(torch::Library& m) {
   m.def(torch::schema("torchrpc::remote(str to, str qualified_name, Any? args=None, Any? kwargs=None, "
-                      "float timeout=-1.) -> __torch__.torch.classes.torchrpc.RRef",
+                      "float timeout=-1., str load_hint=\"\") -> __torch__.torch.classes.torchrpc.RRef",
                       c10::AliasAnalysisKind::CONSERVATIVE),
         torch::CppFunction::makeFromBoxedFunction<remoteKernel>());
 }

@@ -33,19 +33,28 @@ int destinationRank(const Agent& agent, const std::string& to, const std::string
   return dst;
 }
 
+NamedCall popNamedCall(const Agent& agent, torch::jit::Stack& stack) {
+  // (to, qualified_name, args, kwargs, timeout, load_hint); the hint is only
+  // read by torch when the op is missing.
+  NamedCall call;
+  const size_t n = stack.size();
+  call.to = stack[n - 6].toStringRef();
+  call.name = stack[n - 5].toStringRef();
+  call.args = stack[n - 4];
+  call.kwargs = stack[n - 3];
+  call.timeout = resolveTimeout(agent, stack[n - 2].toDouble());
+  torch::jit::drop(stack, 6);
+  return call;
+}
+
 namespace {
 
 // Boxed kernels: the schema's types (Any, Future(Any)) have no unboxed C++
-// signature. Both pop (to, qualified_name, args, kwargs, timeout).
+// signature.
 Agent::FuturePtr callFromStack(torch::jit::Stack* stack, const char* op) {
   auto agent = requireAgent(op);
-  double timeout = resolveTimeout(*agent, stack->back().toDouble());
-  c10::IValue kwargs = (*stack)[stack->size() - 2];
-  c10::IValue args = (*stack)[stack->size() - 3];
-  std::string name = (*stack)[stack->size() - 4].toStringRef();
-  std::string to = (*stack)[stack->size() - 5].toStringRef();
-  torch::jit::drop(*stack, 5);
-  return namedScriptCall(*agent, to, name, args, kwargs, timeout, op);
+  NamedCall call = popNamedCall(*agent, *stack);
+  return namedScriptCall(*agent, call.to, call.name, call.args, call.kwargs, call.timeout, op);
 }
 
 void rpcAsync(const c10::OperatorHandle&, torch::jit::Stack* stack) {
@@ -101,12 +110,12 @@ TORCH_LIBRARY(torchrpc, m) {
   defineScriptRRef(m);
   m.def(torch::schema(
             "torchrpc::rpc_async(str to, str qualified_name, Any? args=None, Any? kwargs=None, "
-            "float timeout=-1.) -> Future(Any)",
+            "float timeout=-1., str load_hint=\"\") -> Future(Any)",
             c10::AliasAnalysisKind::CONSERVATIVE),
         torch::CppFunction::makeFromBoxedFunction<rpcAsync>());
   m.def(torch::schema(
             "torchrpc::rpc_sync(str to, str qualified_name, Any? args=None, Any? kwargs=None, "
-            "float timeout=-1.) -> Any",
+            "float timeout=-1., str load_hint=\"\") -> Any",
             c10::AliasAnalysisKind::CONSERVATIVE),
         torch::CppFunction::makeFromBoxedFunction<rpcSync>());
   defineRemoteOp(m);

@@ -5,7 +5,7 @@
 // (script_rref.h), all registered in rpc_ops.cpp's TORCH_LIBRARY block.
 //
 //   rpc_async(str to, str qualified_name, Any? args=None, Any? kwargs=None,
-//             float timeout=-1.) -> Future(Any)
+//             float timeout=-1., str load_hint="") -> Future(Any)
 //
 // `qualified_name` is a name the callee knows: one given to
 // torchrpc.register(name, fn) there, or a function's qualified name. The
@@ -15,11 +15,16 @@
 // a callee the interpreter then suspends and its pool thread serves other
 // calls until the response arrives, so nested calls never deadlock.
 //
+// `load_hint` is never used by the kernels. torchrpc/jit_ops.py passes the
+// text that tells users to import torchrpc (or load libtorchrpc): printed
+// into saved code, it is what torch.jit.load shows when these ops are missing.
+//
 // Registered with CONSERVATIVE alias analysis: the JIT must never drop a call
 // whose future is unused. Eager Python reaches the same code through
 // namedScriptCall / namedCallMessage.
 
 #include <ATen/core/ivalue.h>
+#include <ATen/core/stack.h>
 
 #include <memory>
 #include <string>
@@ -39,6 +44,16 @@ double resolveTimeout(const Agent& agent, double timeout);
 // The rank of the worker named `to`; a ValueError naming the call otherwise.
 int destinationRank(const Agent& agent, const std::string& to, const std::string& name,
                     const std::string& callKind);
+
+// The arguments every call op starts with, popped from a boxed stack.
+struct NamedCall {
+  std::string to;
+  std::string name;
+  c10::IValue args;
+  c10::IValue kwargs;
+  double timeout = 0;  // resolved: seconds, 0 for none
+};
+NamedCall popNamedCall(const Agent& agent, torch::jit::Stack& stack);
 
 // A SCRIPT_CALL of `name` with positional args (a tuple, list or None) and
 // kwargs (a str-keyed dict or None), as the callee will match them.

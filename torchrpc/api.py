@@ -32,7 +32,7 @@ import warnings
 
 import torch
 
-from torchrpc import constants, errors, python_fallback, rendezvous, shipped_code
+from torchrpc import constants, errors, jit_ops, python_fallback, rendezvous, shipped_code
 from torchrpc import rref as _rref
 from torchrpc._extension import native
 from torchrpc.options import RpcOptions
@@ -560,16 +560,9 @@ def remote(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIMEOUT
     return _invoke("remote", to, func, args, kwargs, timeout)
 
 
-def _scriptable(fn, op):
-    """Lets TorchScript compile calls of the eager function `fn` to `op`, so
-    that code calling torchrpc can be scripted unchanged."""
-    torch.jit._builtins._register_builtin(fn, op)
-    return fn
-
-
-_scriptable(rpc_sync, "torchrpc::rpc_sync")
-_scriptable(rpc_async, "torchrpc::rpc_async")
-_scriptable(remote, "torchrpc::remote")
+jit_ops.bind(rpc_sync, jit_ops.rpc_sync)
+jit_ops.bind(rpc_async, jit_ops.rpc_async)
+jit_ops.bind(remote, jit_ops.remote)
 
 
 def register(name, fn):

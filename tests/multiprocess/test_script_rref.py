@@ -246,3 +246,8 @@ def test_saved_module_calling_remote_loads_in_a_fresh_process(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "forward: [1.0, 3.0, 5.0]" in out.stdout, out.stdout
     assert "make: True [2.0, 2.0]" in out.stdout, out.stdout
+    # without torchrpc, torch's error (on the RRef type) points at the hint
+    without = subprocess.run([sys.executable, "-c", "import sys, torch; torch.jit.load(sys.argv[1])", path],
+                             capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    assert without.returncode != 0 and "torchrpc.RRef" in without.stderr
+    assert "import torchrpc (Python) or load libtorchrpc.so (C++)" in without.stderr
