@@ -20,6 +20,7 @@
 #include "common/spin.h"
 #include "jit_ops/rpc_ops.h"
 #include "jit_ops/script_rref.h"
+#include "message/receive_buffers.h"
 #include "message/wire.h"
 #include "optim/optimizer.h"
 #include "python_fallback/callback_runner.h"
@@ -196,15 +197,6 @@ py::tuple errorTuple(std::exception_ptr error) {
   } catch (const std::exception& e) {
     return py::make_tuple(false, py::make_tuple(0, std::string(e.what()), "", ""));
   }
-}
-
-std::shared_ptr<rref::RRefContext> contextOf(const rref::RRef& r) {
-  auto ctx = r.context();
-  if (!ctx) {
-    throw py::value_error("RRef " + r.id().str() +
-                          " belongs to a torchrpc session that has shut down; it cannot be used any more");
-  }
-  return ctx;
 }
 
 using ForkTuple = std::tuple<int, int, int64_t, int, int64_t, int>;
@@ -552,6 +544,8 @@ PYBIND11_MODULE(_C, m) {
     }
     return py::make_tuple(messages, reader.error(), reader.midFrame());
   });
+
+  m.def("_receive_cache_bytes", &torchrpc::receive_buffers::cachedBytes);
 
   // Test helper: holds the GIL (never releasing it) for `seconds`, so tests can
   // prove that script calls on this worker complete without it.

@@ -124,3 +124,25 @@ def test_good_frames_before_a_bad_one_are_delivered():
 def test_unsupported_tensors_are_refused_on_send():
     with pytest.raises(RuntimeError, match="dense"):
         frame(b"", [torch.eye(3).to_sparse()])
+
+
+def test_large_received_tensors_reuse_freed_memory_never_live_memory():
+    # Tensors of 4 MB and more are read into memory that received tensors
+    # left behind (csrc/message/receive_buffers.h).
+    n = (6 << 20) // 4
+    data = frame(tensors=[torch.full((n,), 1.0), torch.arange(n, dtype=torch.float32)])
+    (_, _, _, (a, b)), = parse(data)[0]
+    assert torch.equal(a, torch.full((n,), 1.0)) and torch.equal(b, torch.arange(n, dtype=torch.float32))
+    assert a.data_ptr() != b.data_ptr()
+    before = C._receive_cache_bytes()
+    del a
+    assert C._receive_cache_bytes() > before  # kept, not returned to the system
+    (_, _, _, (c, d)), = parse(data)[0]
+    assert C._receive_cache_bytes() == before  # ... and taken again
+    assert torch.equal(c, torch.full((n,), 1.0)) and torch.equal(d, torch.arange(n, dtype=torch.float32))
+    assert torch.equal(b, torch.arange(n, dtype=torch.float32))  # a live one is never reused
+    # such a tensor behaves like any other: it resizes and frees normally
+    c.resize_(2 * n)
+    c[n:] = 3.0
+    assert torch.equal(c[:n], torch.full((n,), 1.0)) and bool((c[n:] == 3.0).all())
+    del b, c, d
