@@ -80,6 +80,10 @@ void Agent::setHandler(MessageType type, Handler handler) {
   handlers_[static_cast<uint16_t>(type)] = std::move(handler);
 }
 
+void Agent::setFastPath(MessageType type, FastPath fastPath) {
+  fastPaths_[static_cast<uint16_t>(type)] = std::move(fastPath);
+}
+
 namespace {
 std::mutex currentMutex;
 std::shared_ptr<Agent> currentAgent;
@@ -377,9 +381,12 @@ void Agent::onMessageFromLoop(const std::shared_ptr<Connection>& conn, Message&&
     return;
   }
   if (isRequest(m.type)) {
+    Responder respond = [this, conn](Message&& r) { respondOn(conn, std::move(r)); };
+    auto fast = fastPaths_.find(static_cast<uint16_t>(m.type));
+    if (fast != fastPaths_.end() && fast->second(m, respond)) return;
     int caller = conn->peerRank();
-    pool_->run([this, conn, caller, m = std::move(m)]() mutable {
-      dispatch(std::move(m), caller, [this, conn](Message&& r) { respondOn(conn, std::move(r)); });
+    pool_->run([this, caller, m = std::move(m), respond = std::move(respond)]() mutable {
+      dispatch(std::move(m), caller, std::move(respond));
     });
     return;
   }

@@ -64,6 +64,12 @@ class Agent {
   // Runs on a pool thread; must call respond exactly once (maybe later).
   using Handler = std::function<void(Message&& request, int callerRank, Responder respond)>;
 
+  // Runs on the I/O thread before a request is queued for the pool: answers
+  // it at once (calling respond) and returns true, or returns false and leaves
+  // it for the pool's handler. It must not block, run user code or need the
+  // GIL: for answers that are ready (a fetch of a value that exists).
+  using FastPath = std::function<bool(const Message& request, const Responder& respond)>;
+
   explicit Agent(AgentOptions options);
   ~Agent();
 
@@ -72,6 +78,7 @@ class Agent {
   // The whole job's table, indexed by rank; after the rendezvous.
   void setPeers(std::vector<PeerInfo> peers);
   void setHandler(MessageType type, Handler handler);
+  void setFastPath(MessageType type, FastPath fastPath);
   // Sees every request and response on its way (distributed autograd). Set it
   // before startServing(); at most one.
   void setInterceptor(std::shared_ptr<Interceptor> interceptor) { interceptor_ = std::move(interceptor); }
@@ -129,6 +136,7 @@ class Agent {
   std::vector<PeerInfo> peers_;
   std::vector<std::unique_ptr<PeerState>> peerStates_;
   std::unordered_map<uint16_t, Handler> handlers_;
+  std::unordered_map<uint16_t, FastPath> fastPaths_;
   std::shared_ptr<Interceptor> interceptor_;
   script_dispatch::Registry registry_;
   const std::chrono::steady_clock::time_point started_;

@@ -120,6 +120,10 @@ void RRefContext::installHandlers() {
   };
   install(MessageType::kRemoteCall);
   install(MessageType::kRRefFetch);
+  agent_->setFastPath(MessageType::kRRefFetch, [weak](const Message& request, const Agent::Responder& respond) {
+    auto self = weak.lock();
+    return self && self->fetchAtOnce(request, respond);
+  });
   install(MessageType::kRRefUserDelete);
   install(MessageType::kRRefForkRequest);
   install(MessageType::kRRefChildAccept);
@@ -329,6 +333,31 @@ Message RRefContext::encodeValue(uint64_t id, const c10::IValue& value) {
     return pythonEncoder_(id, value);
   }
   return ivalueMessage(MessageType::kScriptRet, id, c10::ivalue::Tuple::create({value}));
+}
+
+bool RRefContext::fetchAtOnce(const Message& request, const Agent::Responder& respond) {
+  RRefId rrefId;
+  std::shared_ptr<OwnerRRef> owner;
+  try {
+    parseIds(request, &rrefId);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopped_) return false;
+    auto it = owners_.find(rrefId);
+    if (it == owners_.end() || !it->second.rref) return false;
+    owner = it->second.rref;
+  } catch (...) {
+    return false;  // the pool's handler reports it
+  }
+  const auto& value = owner->value();
+  if (!value->completed() || value->hasError() || value->value().isPyObject()) return false;
+  Message response;
+  try {
+    response = encodeValue(request.id, value->value());
+  } catch (...) {
+    return false;
+  }
+  respond(std::move(response));
+  return true;
 }
 
 void RRefContext::handleFetch(Message&& request, Agent::Responder respond) {

@@ -156,6 +156,9 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
                    std::function<void()> done);
   void handleRemoteCall(Message&& request, int callerRank, Agent::Responder respond);
   void handleFetch(Message&& request, Agent::Responder respond);
+  // The I/O thread's answer to a fetch of a TorchScript value that exists;
+  // false leaves the fetch to handleFetch.
+  bool fetchAtOnce(const Message& request, const Agent::Responder& respond);
   Message encodeValue(uint64_t id, const c10::IValue& value);
   // Sends a protocol request; `then` runs on the pool with the response
   // future, after which the in-flight count drops.
