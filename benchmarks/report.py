@@ -91,6 +91,8 @@ def _rows():
                     lambda r: r["main"]["rref"]["churn"]["seconds"]))
     rows.append(Row("rref.churn_rss", "owner memory growth after the churn", "MB", False,
                     lambda r: r["main"]["rref"]["churn"]["owner_rss_growth_mb"]))
+    rows.append(Row("rref.churn_rss_again", "owner memory growth, the same churn again", "MB", False,
+                    lambda r: r["main"]["rref"]["churn"]["owner_rss_growth_again_mb"]))
     rows.append(Row("rref.churn_live", "live owner RRefs after the churn", "n", False,
                     lambda r: r["main"]["rref"]["churn"]["live_owner_rrefs_after"]))
     rows.append(Row("idle.callee", "idle CPU, callee", "pct", False, lambda r: r["main"]["idle"]["callee_pct"]))
@@ -140,6 +142,7 @@ TARGETS = [
     Target("rref.to_here", ">= 3x torch", lambda t, o, ratio, floor: ratio >= 3),
     Target("rref.proxy", ">= 3x torch", lambda t, o, ratio, floor: ratio >= 3),
     Target("rref.churn_live", "0 left", lambda t, o, ratio, floor: o == 0),
+    Target("rref.churn_rss_again", "< 1 MB (no leak)", lambda t, o, ratio, floor: o < 1),
     Target("training.its", ">= 2x torch", lambda t, o, ratio, floor: ratio >= 2),
     Target("training.vs_local", "<= 1.5x local", lambda t, o, ratio, floor: o <= 1.5),
 ]

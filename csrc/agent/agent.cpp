@@ -227,6 +227,14 @@ Agent::FuturePtr Agent::send(int dst, Message&& request, double timeoutSeconds,
   return future;
 }
 
+bool Agent::sendsAtOnce(int dst, uint64_t bytes) const {
+  if (dst == options_.rank) return true;
+  if (dst < 0 || dst >= static_cast<int>(peerStates_.size())) return false;
+  PeerState& state = *peerStates_[dst];
+  std::lock_guard<std::mutex> lock(state.mutex);
+  return state.conn && state.conn->acceptsWithoutWaiting(bytes);
+}
+
 void Agent::onResponse(Message&& m, int src) {
   auto call = pending_.take(m.id);
   if (!call) {

@@ -93,6 +93,9 @@ class Agent {
   // timeoutSeconds <= 0 means no deadline.
   FuturePtr send(int dst, Message&& request, double timeoutSeconds, const std::string& callKind,
                  const std::string& function);
+  // Whether send(dst, ...) of `bytes` would return without waiting: connected
+  // (or oneself) and not backlogged. A hint; the answer may change at once.
+  bool sendsAtOnce(int dst, uint64_t bytes) const;
 
   // Waits until no call of this worker is pending; returns how many still are.
   size_t waitPending(double timeoutSeconds);

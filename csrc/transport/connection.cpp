@@ -54,6 +54,11 @@ bool Connection::closed() const {
   return closed_;
 }
 
+bool Connection::acceptsWithoutWaiting(uint64_t bytes) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !closed_ && queuedBytes_ + bytes <= kMaxQueuedBytes / 2;
+}
+
 void Connection::updateInterestLocked() {
   bool want = !queue_.empty();
   if (want != wantWrite_ && token_ != 0 && !closed_) {

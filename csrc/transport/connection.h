@@ -53,6 +53,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint64_t id() const { return id_; }
   const std::string& description() const { return description_; }
   bool closed() const;
+  // Open, and a send of `bytes` now would not wait for the peer to read.
+  bool acceptsWithoutWaiting(uint64_t bytes) const;
 
   // The peer rank this connection belongs to, once known (-1 before HELLO).
   int peerRank() const { return peerRank_.load(); }
