@@ -585,10 +585,15 @@ void RRefContext::sendTracked(int dst, Message&& m, double timeoutSeconds,
   future->addCallback([weak, then = std::move(then)](c10::ivalue::Future& f) mutable {
     auto self = weak.lock();
     if (!self) return;
+    if (!then) {  // nothing follows (USER_DELETE, CHILD_ACCEPT): no pool hop
+      std::lock_guard<std::mutex> lock(self->idleMutex_);
+      if (--self->inFlight_ == 0) self->idleCv_.notify_all();
+      return;
+    }
     std::exception_ptr error = f.hasError() ? f.exception_ptr() : nullptr;
     auto task = [self, then = std::move(then), error] {
       try {
-        if (then) then(error);
+        then(error);
       } catch (const std::exception& e) {
         TORCHRPC_WARN(self->workerName(), "RRef protocol step failed: " << e.what());
       }
