@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include "agent/agent.h"
@@ -110,10 +111,8 @@ Call sendOrRaise(Agent& agent, int dst, torchrpc::Message&& m, double timeout,
   constexpr uint64_t kSmall = 1u << 20;
   uint64_t bytes = m.payload.size();
   for (const auto& t : m.tensors) bytes += t.nbytes();
-  if (bytes <= kSmall && agent.sendsAtOnce(dst, bytes)) {
-    return Call{agent.send(dst, std::move(m), timeout, kind, function)};
-  }
-  py::gil_scoped_release nogil;
+  std::optional<py::gil_scoped_release> nogil;
+  if (bytes > kSmall || !agent.sendsAtOnce(dst, bytes)) nogil.emplace();
   return Call{agent.send(dst, std::move(m), timeout, kind, function)};
 }
 
