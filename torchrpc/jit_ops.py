@@ -8,10 +8,10 @@ call the ops of ``jit_ops/`` in libtorchrpc with the callee's name:
     fut = torchrpc.rpc_async("worker1", "double", args=(x,))
     y = fut.wait()
 
-``torch.jit.save`` stores these functions with the model, and with them
-the text of :data:`LOAD_HINT`, so that loading the model where the ops are missing fails
-with torch's ``Unknown builtin op: torchrpc::...`` pointing at a line that
-says what to do.
+``torch.jit.save`` stores these functions with the model, and with them the
+text of :data:`LOAD_HINT`, so that loading the model where the ops are
+missing fails with torch's ``Unknown builtin op: torchrpc::...`` pointing at
+a line that says what to do (the tests check that the two agree).
 """
 
 import warnings
