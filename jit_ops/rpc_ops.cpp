@@ -19,8 +19,8 @@ std::shared_ptr<Agent> requireAgent(const char* op) {
   return agent;
 }
 
-double resolveTimeout(const Agent& agent, double timeout) {
-  return timeout < 0 ? agent.options().defaultTimeoutSeconds : timeout;
+double resolveTimeout(double timeout, double defaultSeconds) {
+  return timeout < 0 ? defaultSeconds : timeout;
 }
 
 int destinationRank(const Agent& agent, const std::string& to, const std::string& name,
@@ -42,7 +42,7 @@ NamedCall popNamedCall(const Agent& agent, torch::jit::Stack& stack) {
   call.name = stack[n - 5].toStringRef();
   call.args = stack[n - 4];
   call.kwargs = stack[n - 3];
-  call.timeout = resolveTimeout(agent, stack[n - 2].toDouble());
+  call.timeout = resolveTimeout(stack[n - 2].toDouble(), agent.options().defaultTimeoutSeconds);
   torch::jit::drop(stack, 6);
   return call;
 }

@@ -40,7 +40,7 @@ namespace torchrpc::jit_ops {
 // The running agent, or an error naming the op that needs it.
 std::shared_ptr<Agent> requireAgent(const char* op);
 // Timeouts follow the Python API: -1 is the worker's default, 0 none.
-double resolveTimeout(const Agent& agent, double timeout);
+double resolveTimeout(double timeout, double defaultSeconds);
 // The rank of the worker named `to`; a ValueError naming the call otherwise.
 int destinationRank(const Agent& agent, const std::string& to, const std::string& name,
                     const std::string& callKind);

@@ -4,14 +4,13 @@
 #include <future>
 
 #include "common/error.h"
+#include "jit_ops/rpc_ops.h"
 #include "message/payload.h"
 #include "rref/rref_context.h"
 
 namespace torchrpc::jit_ops {
 
 namespace {
-
-constexpr size_t kForkStateSize = 6;  // owner, rrefId (2), forkId (2), parent
 
 std::shared_ptr<rref::RRefContext> contextOf(const rref::RRef& r, const char* what) {
   auto ctx = r.context();
@@ -21,11 +20,6 @@ std::shared_ptr<rref::RRefContext> contextOf(const rref::RRef& r, const char* wh
                        " belongs to a torchrpc session that has shut down; it cannot be used any more");
   }
   return ctx;
-}
-
-// Timeouts follow the Python API: -1 is the worker's default, 0 none.
-double resolveTimeout(const rref::RRefContext& ctx, double timeout) {
-  return timeout < 0 ? ctx.defaultTimeoutSeconds() : timeout;
 }
 
 // The owner's value once created (rethrows the creation error), waiting at
@@ -70,7 +64,7 @@ c10::IValue ScriptRRef::localValue() const {
 
 c10::IValue ScriptRRef::toHere(double timeout) const {
   auto ctx = contextOf(*rref_, "to_here");
-  const double seconds = resolveTimeout(*ctx, timeout);
+  const double seconds = resolveTimeout(timeout, ctx->defaultTimeoutSeconds());
   if (rref_->isOwner()) {
     return ownerValue(static_cast<const rref::OwnerRRef&>(*rref_), *ctx, seconds, "to_here");
   }
@@ -137,21 +131,15 @@ void defineScriptRRef(torch::Library& m) {
             scope->onAbort([weak, fork] {
               if (auto c = weak.lock()) c->cancelFork(fork);
             });
-            return {fork.owner, fork.rrefId.worker, fork.rrefId.local,
-                    fork.forkId.worker, fork.forkId.local, fork.parent};
+            return fork.toInts();
           },
           // The receiver: its RRef for the fork.
           [](std::vector<int64_t> state) -> c10::intrusive_ptr<ScriptRRef> {
             TORCH_CHECK(UnpickleScope::active(),
                         "an RRef can only be unpickled by torchrpc, from an RPC message");
-            TORCH_CHECK(state.size() == kForkStateSize, "malformed RRef fork data: ", state.size(),
-                        " fields, expected ", kForkStateSize);
+            rref::ForkData fork = rref::ForkData::fromInts(state);
             auto ctx = rref::RRefContext::current();
             TORCH_CHECK(ctx, "received an RRef, but torchrpc is not running in this process");
-            rref::ForkData fork{static_cast<int>(state[0]),
-                                {static_cast<int32_t>(state[1]), state[2]},
-                                {static_cast<int32_t>(state[3]), state[4]},
-                                static_cast<int>(state[5])};
             return c10::make_intrusive<ScriptRRef>(ctx->receive(fork));
           });
 }

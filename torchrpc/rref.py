@@ -106,12 +106,12 @@ class RRef:
         """
         if isinstance(obj, cls):
             return obj
-        handle = native().rref_of_script_object(obj)
-        if handle is None:
+        rref = _from_script_object(obj)
+        if rref is None:
             raise TypeError(
                 f"RRef.from_script() expects a torch.classes.torchrpc.RRef object; got {type(obj).__name__}"
             )
-        return cls._wrap(handle)
+        return rref
 
     # ---- identity -----------------------------------------------------------
 

@@ -207,16 +207,6 @@ py::tuple errorTuple(std::exception_ptr error) {
   }
 }
 
-using ForkTuple = std::tuple<int, int, int64_t, int, int64_t, int>;
-
-rref::ForkData forkData(const ForkTuple& t) {
-  return rref::ForkData{std::get<0>(t), {std::get<1>(t), std::get<2>(t)}, {std::get<3>(t), std::get<4>(t)},
-                        std::get<5>(t)};
-}
-
-py::tuple forkTuple(const rref::ForkData& f) {
-  return py::make_tuple(f.owner, f.rrefId.worker, f.rrefId.local, f.forkId.worker, f.forkId.local, f.parent);
-}
 
 }  // namespace
 
@@ -449,16 +439,19 @@ PYBIND11_MODULE(_C, m) {
              py::gil_scoped_release nogil;
              return Call{c.fetch(user, timeout)};
            })
-      .def("fork", [](rref::RRefContext& c, const std::shared_ptr<rref::RRef>& r) { return forkTuple(c.fork(r)); })
+      .def("fork",
+           [](rref::RRefContext& c, const std::shared_ptr<rref::RRef>& r) {
+             return py::tuple(py::cast(c.fork(r).toInts()));
+           })
       .def("receive",
-           [](rref::RRefContext& c, const ForkTuple& t) {
-             auto f = forkData(t);
+           [](rref::RRefContext& c, const std::vector<int64_t>& t) {
+             auto f = rref::ForkData::fromInts(t);
              py::gil_scoped_release nogil;
              return c.receive(f);
            })
       .def("cancel_fork",
-           [](rref::RRefContext& c, const ForkTuple& t) {
-             auto f = forkData(t);
+           [](rref::RRefContext& c, const std::vector<int64_t>& t) {
+             auto f = rref::ForkData::fromInts(t);
              py::gil_scoped_release nogil;
              c.cancelFork(f);
            })

@@ -77,15 +77,10 @@ void CallbackRunner::run(const std::shared_ptr<State>& state) {
 
 bool CallbackRunner::stop(double timeoutSeconds) {
   if (!thread_.joinable()) return true;
-  if (thread_.get_id() == std::this_thread::get_id()) {  // a callback shutting down
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    state_->stopping = true;
-    state_->cv.notify_one();
-    return true;
-  }
   std::unique_lock<std::mutex> lock(state_->mutex);
   state_->stopping = true;
   state_->cv.notify_one();
+  if (thread_.get_id() == std::this_thread::get_id()) return true;  // a callback shutting down
   bool done = state_->exited.wait_for(lock, std::chrono::duration<double>(timeoutSeconds),
                                       [&] { return state_->stopped; });
   lock.unlock();

@@ -5,6 +5,18 @@
 
 namespace torchrpc::rref {
 
+std::vector<int64_t> ForkData::toInts() const {
+  return {owner, rrefId.worker, rrefId.local, forkId.worker, forkId.local, parent};
+}
+
+ForkData ForkData::fromInts(const std::vector<int64_t>& ints) {
+  TORCH_CHECK(ints.size() == 6, "malformed RRef fork data: ", ints.size(), " fields, expected 6");
+  return ForkData{static_cast<int>(ints[0]),
+                  {static_cast<int32_t>(ints[1]), ints[2]},
+                  {static_cast<int32_t>(ints[3]), ints[4]},
+                  static_cast<int>(ints[5])};
+}
+
 OwnerRRef::OwnerRRef(std::weak_ptr<RRefContext> ctx, int owner, RRefId id)
     : RRef(std::move(ctx), owner, id),
       value_(c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get())) {}

@@ -18,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <vector>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -57,6 +58,11 @@ struct ForkData {
   RRefId rrefId;
   ForkId forkId;
   int parent{-1};
+
+  // Its form inside pickles (Python and TorchScript alike): (owner,
+  // rrefId.worker, rrefId.local, forkId.worker, forkId.local, parent).
+  std::vector<int64_t> toInts() const;
+  static ForkData fromInts(const std::vector<int64_t>& ints);
 };
 
 class RRefContext;

@@ -446,10 +446,14 @@ def script_remote(owner: str, x: torch.Tensor) -> rpc.RRef:
 
 
 @torch.jit.script
-def script_to_here(rref: rpc.RRef) -> torch.Tensor:
-    value = rref.to_here()
+def _tensor(value: Any) -> torch.Tensor:
     assert isinstance(value, torch.Tensor)
     return value
+
+
+@torch.jit.script
+def script_to_here(rref: rpc.RRef) -> torch.Tensor:
+    return _tensor(rref.to_here())
 
 
 @torch.jit.script
@@ -459,17 +463,13 @@ def script_rref_info(rref: rpc.RRef) -> Tuple[str, bool]:
 
 @torch.jit.script
 def script_local_value(rref: rpc.RRef) -> torch.Tensor:
-    value = rref.local_value()
-    assert isinstance(value, torch.Tensor)
-    return value
+    return _tensor(rref.local_value())
 
 
 @torch.jit.script
 def script_remote_then_fetch(owner: str, x: torch.Tensor, timeout: float = -1.0) -> torch.Tensor:
     rref = rpc.remote(owner, "tests.add_with_default", args=(x, x), kwargs={"scale": 2.0})
-    value = rref.to_here(timeout)
-    assert isinstance(value, torch.Tensor)
-    return value
+    return _tensor(rref.to_here(timeout))
 
 
 @torch.jit.script
