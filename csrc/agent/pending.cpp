@@ -2,10 +2,15 @@
 
 #include <cstdio>
 
+#include "common/thread_role.h"
+
 namespace torchrpc {
 
 Pending::Pending(std::string workerName) : workerName_(std::move(workerName)) {
-  sweeper_ = std::thread([this] { sweep(); });
+  sweeper_ = std::thread([this] {
+    nameThisThread("rpc-timeouts");
+    sweep();
+  });
 }
 
 Pending::~Pending() { stop(); }
@@ -15,9 +20,11 @@ void Pending::add(uint64_t id, Call call) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (call.timeoutSeconds > 0) {
-      auto key = std::make_pair(call.deadline, id);
-      earliest = deadlines_.empty() || key < *deadlines_.begin();
-      deadlines_.insert(key);
+      // Wake the sweeper only if it sleeps past this deadline: back-to-back
+      // calls with the same timeout each finish before it matters, and waking
+      // it on every call cost a context switch per call.
+      earliest = call.deadline < sweeperWakesAt_;
+      deadlines_.insert(std::make_pair(call.deadline, id));
     }
     calls_.emplace(id, std::move(call));
   }
@@ -91,11 +98,13 @@ void Pending::sweep() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
     if (deadlines_.empty()) {
+      sweeperWakesAt_ = Clock::time_point::max();
       cv_.wait(lock);
       continue;
     }
     auto first = *deadlines_.begin();
     if (Clock::now() < first.first) {
+      sweeperWakesAt_ = first.first;
       cv_.wait_until(lock, first.first);
       continue;
     }

@@ -72,6 +72,9 @@ class Pending {
   std::condition_variable emptyCv_;  // waitEmpty
   std::unordered_map<uint64_t, Call> calls_;
   std::set<std::pair<Clock::time_point, uint64_t>> deadlines_;
+  // When the sweeper wakes next, unless notified (it may be earlier than the
+  // first deadline left: that call completed meanwhile).
+  Clock::time_point sweeperWakesAt_{Clock::time_point::min()};
   bool stopping_{false};
   std::thread sweeper_;
 };

@@ -1,11 +1,13 @@
 #include "agent/thread_pool.h"
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 
 #include "common/intra_op.h"
 #include "common/logging.h"
 #include "common/spin.h"
+#include "common/thread_role.h"
 
 namespace torchrpc {
 
@@ -14,23 +16,30 @@ ThreadPool::ThreadPool(size_t numThreads, std::string workerName)
   threads_.reserve(numThreads);
   alive_ = numThreads;
   for (size_t i = 0; i < numThreads; ++i) {
-    threads_.emplace_back([this] { work(); });
+    threads_.emplace_back([this] {
+      nameThisThread("rpc-pool");
+      work();
+    });
   }
 }
 
 ThreadPool::~ThreadPool() { stop(); }
 
 void ThreadPool::run(std::function<void()> task) {
-  bool wake;
+  Sleeper* wake = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     tasks_.push_back(std::move(task));
     queued_.store(tasks_.size());
     // A spinning thread will pick the task up; wake a sleeper only if none
     // spins (a spinner that gives up re-checks the queue under the lock).
-    wake = spinning_.load() == 0 || tasks_.size() > 1;
+    if ((spinning_.load() == 0 || tasks_.size() > 1) && !sleepers_.empty()) {
+      wake = sleepers_.back();
+      sleepers_.pop_back();
+      wake->woken = true;
+    }
   }
-  if (wake) cv_.notify_one();
+  if (wake != nullptr) wake->cv.notify_one();
 }
 
 size_t ThreadPool::busy() const {
@@ -52,7 +61,14 @@ void ThreadPool::work() {
     spinning_.fetch_sub(1);
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+      while (!stopping_ && tasks_.empty()) {
+        // Sleep on the stack of idle threads: run() wakes the one that went
+        // to sleep last (see sleepers_).
+        Sleeper me;
+        sleepers_.push_back(&me);
+        me.cv.wait(lock, [&] { return me.woken || stopping_.load(); });
+        if (!me.woken) sleepers_.erase(std::find(sleepers_.begin(), sleepers_.end(), &me));
+      }
       if (tasks_.empty()) {  // stopping and drained
         --alive_;
         exited_.notify_all();
@@ -77,7 +93,7 @@ void ThreadPool::work() {
 bool ThreadPool::stop(double timeoutSeconds) {
   std::unique_lock<std::mutex> lock(mutex_);
   stopping_ = true;
-  cv_.notify_all();
+  for (Sleeper* sleeper : sleepers_) sleeper->cv.notify_one();
   bool finished = exited_.wait_for(lock, std::chrono::duration<double>(timeoutSeconds),
                                    [this] { return alive_ == 0; });
   lock.unlock();

@@ -5,6 +5,7 @@
 
 #include "common/intra_op.h"
 #include "common/spin.h"
+#include "common/thread_role.h"
 
 namespace py = pybind11;
 
@@ -12,6 +13,7 @@ namespace torchrpc::python_fallback {
 
 CallbackRunner::CallbackRunner() : state_(std::make_shared<State>()) {
   thread_ = std::thread([state = state_] {
+    nameThisThread("rpc-callbacks");
     initIntraOpThreads();
     run(state);
   });

@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "common/logging.h"
 #include "common/spin.h"
+#include "common/thread_role.h"
 
 namespace torchrpc {
 
@@ -26,7 +27,11 @@ Loop::Loop(std::string workerName) : workerName_(std::move(workerName)) {
   ev.data.u64 = kWakeToken;
   TORCH_CHECK(epoll_ctl(epollFd_, EPOLL_CTL_ADD, wakeFd_, &ev) == 0,
               errnoMessage("epoll_ctl(eventfd)", errno));
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    nameThisThread("rpc-io");
+    askShortTimeSlices();
+    run();
+  });
   threadId_ = thread_.get_id();
 }
 

@@ -235,6 +235,29 @@ def thread_count():
     return threading.active_count()
 
 
+def serving_thread():
+    """The OS thread (id, name) running this call."""
+    return threading.get_native_id(), _thread_name(threading.get_native_id())
+
+
+def _thread_name(tid):
+    with open(f"/proc/self/task/{tid}/comm") as f:
+        return f.read().strip()
+
+
+def thread_roles():
+    """{thread name: [scheduler time slice in ns, or None]} for every thread of this process."""
+    roles = {}
+    for tid in os.listdir("/proc/self/task"):
+        slice_ns = None
+        with open(f"/proc/self/task/{tid}/sched") as f:
+            for line in f:
+                if line.startswith("se.slice"):
+                    slice_ns = int(line.split(":")[1])
+        roles.setdefault(_thread_name(tid), []).append(slice_ns)
+    return roles
+
+
 def stop_worker_later(delay, call_back_to):
     """Makes the worker call `call_back_to`, then shut down gracefully,
     `delay` seconds from now (returns at once)."""

@@ -256,6 +256,27 @@ def test_many_threads_share_the_agent():
     assert len(results) == 8
 
 
+def test_threads_say_their_role():
+    roles = rpc.rpc_sync("worker1", funcs.thread_roles)
+    assert {"rpc-io", "rpc-pool", "rpc-callbacks", "rpc-timeouts"} <= set(roles), roles
+    assert len(roles["rpc-io"]) == 1
+    io_slice, pool_slice = roles["rpc-io"][0], roles["rpc-pool"][0]
+    if io_slice is not None:  # kernels with EEVDF (6.6+) show slices; 6.12+ grant short ones
+        assert io_slice <= pool_slice
+
+
+def test_back_to_back_calls_reuse_one_warm_pool_thread():
+    # Spaced beyond the idle spin (100 us), each call finds every pool thread
+    # asleep: the pool wakes the one that slept last, not the longest idle.
+    served = set()
+    for _ in range(20):
+        tid, name = rpc.rpc_sync("worker2", funcs.serving_thread)
+        assert name == "rpc-pool"
+        served.add(tid)
+        time.sleep(0.005)
+    assert len(served) <= 2, f"20 sequential calls ran on {len(served)} pool threads"
+
+
 def test_future_api():
     fut = rpc.rpc_async("worker1", funcs.sleep, args=(0.2,))
     assert not fut.done()
