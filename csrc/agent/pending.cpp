@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-#include "common/thread_role.h"
+#include "common/thread_name.h"
 
 namespace torchrpc {
 

@@ -7,7 +7,7 @@
 #include "common/intra_op.h"
 #include "common/logging.h"
 #include "common/spin.h"
-#include "common/thread_role.h"
+#include "common/thread_name.h"
 
 namespace torchrpc {
 

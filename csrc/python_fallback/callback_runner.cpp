@@ -5,7 +5,7 @@
 
 #include "common/intra_op.h"
 #include "common/spin.h"
-#include "common/thread_role.h"
+#include "common/thread_name.h"
 
 namespace py = pybind11;
 

@@ -9,7 +9,7 @@
 #include "common/error.h"
 #include "common/logging.h"
 #include "common/spin.h"
-#include "common/thread_role.h"
+#include "common/thread_name.h"
 
 namespace torchrpc {
 
@@ -29,7 +29,6 @@ Loop::Loop(std::string workerName) : workerName_(std::move(workerName)) {
               errnoMessage("epoll_ctl(eventfd)", errno));
   thread_ = std::thread([this] {
     nameThisThread("rpc-io");
-    askShortTimeSlices();
     run();
   });
   threadId_ = thread_.get_id();

@@ -245,17 +245,9 @@ def _thread_name(tid):
         return f.read().strip()
 
 
-def thread_roles():
-    """{thread name: [scheduler time slice in ns, or None]} for every thread of this process."""
-    roles = {}
-    for tid in os.listdir("/proc/self/task"):
-        slice_ns = None
-        with open(f"/proc/self/task/{tid}/sched") as f:
-            for line in f:
-                if line.startswith("se.slice"):
-                    slice_ns = int(line.split(":")[1])
-        roles.setdefault(_thread_name(tid), []).append(slice_ns)
-    return roles
+def thread_names():
+    """The names of this process's threads."""
+    return {_thread_name(tid) for tid in os.listdir("/proc/self/task")}
 
 
 def stop_worker_later(delay, call_back_to):

@@ -257,12 +257,8 @@ def test_many_threads_share_the_agent():
 
 
 def test_threads_say_their_role():
-    roles = rpc.rpc_sync("worker1", funcs.thread_roles)
-    assert {"rpc-io", "rpc-pool", "rpc-callbacks", "rpc-timeouts"} <= set(roles), roles
-    assert len(roles["rpc-io"]) == 1
-    io_slice, pool_slice = roles["rpc-io"][0], roles["rpc-pool"][0]
-    if io_slice is not None:  # kernels with EEVDF (6.6+) show slices; 6.12+ grant short ones
-        assert io_slice <= pool_slice
+    names = rpc.rpc_sync("worker1", funcs.thread_names)
+    assert {"rpc-io", "rpc-pool", "rpc-callbacks", "rpc-timeouts"} <= names, names
 
 
 def test_back_to_back_calls_reuse_one_warm_pool_thread():

@@ -1,0 +1,14 @@
+#pragma once
+
+// Names the threads torchrpc creates, so `top -H`, `perf sched` and gdb show
+// their role ("rpc-io", "rpc-pool", "rpc-callbacks", "rpc-timeouts") instead
+// of "python".
+
+#include <pthread.h>
+
+namespace torchrpc {
+
+// `name` must be at most 15 characters (the kernel's limit).
+inline void nameThisThread(const char* name) { pthread_setname_np(pthread_self(), name); }
+
+}  // namespace torchrpc
