@@ -55,8 +55,19 @@ void ThreadPool::work() {
     // latency); the others sleep at once. Many spinners would take the CPU
     // from the I/O thread that brings the tasks (128 calls in flight on 2
     // cores: 28k -> 5k calls/s).
+    //
+    // While other threads still run tasks, the spinner goes on for up to
+    // kBusySpin: their callers tend to send the next request soon after the
+    // answer, and when the other cores compute, a sleeping thread's wake-up
+    // waits for one of them to finish its time slice (~1 ms). A CPU-bound
+    // callee with 2 callers on 2 cores: 1.41-1.56x -> 1.61-1.66x the rate of
+    // 1 caller. The spin yields on every round, so it only uses a core that
+    // nothing else wants, and never when the pool is idle.
     if (spinning_.fetch_add(1) == 0) {
-      spinUntil([this] { return queued_.load() > 0 || stopping_; });
+      auto ready = [this] { return queued_.load() > 0 || stopping_; };
+      if (!spinUntil(ready) && running_.load() > 0) {
+        spinUntil([&] { return ready() || running_.load() == 0; }, kBusySpin);
+      }
     }
     spinning_.fetch_sub(1);
     {

@@ -6,6 +6,7 @@
 // run() may be called from any thread; stop() runs what is queued, then joins.
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -34,6 +35,8 @@ class ThreadPool {
  private:
   void work();
 
+  static constexpr std::chrono::microseconds kBusySpin{2000};
+
   // An idle thread waiting for a task, on its own condition variable.
   struct Sleeper {
     std::condition_variable cv;
@@ -53,7 +56,7 @@ class ThreadPool {
   std::deque<std::function<void()>> tasks_;
   std::atomic<size_t> queued_{0};  // tasks_.size(), readable without the lock
   std::atomic<size_t> spinning_{0};  // idle threads about to sleep (at most one of them polls first)
-  size_t running_{0};
+  std::atomic<size_t> running_{0};  // changed under mutex_, read without it
   size_t alive_{0};
   std::condition_variable exited_;
   std::atomic<bool> stopping_{false};

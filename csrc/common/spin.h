@@ -26,11 +26,11 @@ inline std::chrono::microseconds spinBudget() {
   return budget;
 }
 
-// Polls `ready` until it returns true or the budget runs out; returns its last value.
+// Polls `ready` until it returns true or the budget runs out; returns its last
+// value. `budget` defaults to spinBudget(); TORCHRPC_SPIN_US=0 disables every spin.
 template <typename Ready>
-bool spinUntil(Ready&& ready) {
-  auto budget = spinBudget();
-  if (budget.count() <= 0) return ready();
+bool spinUntil(Ready&& ready, std::chrono::microseconds budget = spinBudget()) {
+  if (budget.count() <= 0 || spinBudget().count() <= 0) return ready();
   auto end = std::chrono::steady_clock::now() + budget;
   while (true) {
     if (ready()) return true;
