@@ -49,6 +49,7 @@ size_t ThreadPool::busy() const {
 
 void ThreadPool::work() {
   initIntraOpThreads();
+  bool lastTaskLong = false;  // this thread's last task ran for kLongTask or more
   while (true) {
     std::function<void()> task;
     // One idle thread at a time spins for the next task (it saves the wake-up
@@ -56,16 +57,19 @@ void ThreadPool::work() {
     // from the I/O thread that brings the tasks (128 calls in flight on 2
     // cores: 28k -> 5k calls/s).
     //
-    // While other threads still run tasks, the spinner goes on for up to
-    // kBusySpin: their callers tend to send the next request soon after the
-    // answer, and when the other cores compute, a sleeping thread's wake-up
-    // waits for one of them to finish its time slice (~1 ms). A CPU-bound
-    // callee with 2 callers on 2 cores: 1.41-1.56x -> 1.61-1.66x the rate of
-    // 1 caller. The spin yields on every round, so it only uses a core that
-    // nothing else wants, and never when the pool is idle.
+    // A callee of long calls (its last task took kLongTask or more) spins for
+    // up to kBusySpin while other threads still run tasks: their callers tend
+    // to send the next request soon after the answer, and while the other
+    // cores compute, a sleeping thread's wake-up waits for one of them to
+    // finish its time slice (~1 ms). A CPU-bound callee with 2 callers on 2
+    // cores: 1.41-1.56x -> 1.61-1.66x the rate of 1 caller. The spin yields on
+    // every round, so it only uses a core that nothing else wants, and never
+    // when the pool is idle. Callees of short calls (distributed autograd,
+    // RRef traffic) keep the short spin: their callers' own threads need the
+    // cores.
     if (spinning_.fetch_add(1) == 0) {
       auto ready = [this] { return queued_.load() > 0 || stopping_; };
-      if (!spinUntil(ready) && running_.load() > 0) {
+      if (!spinUntil(ready) && lastTaskLong && running_.load() > 0) {
         spinUntil([&] { return ready() || running_.load() == 0; }, kBusySpin);
       }
     }
@@ -90,12 +94,14 @@ void ThreadPool::work() {
       queued_.store(tasks_.size());
       ++running_;
     }
+    const auto started = std::chrono::steady_clock::now();
     try {
       task();
     } catch (const std::exception& e) {
       // Handlers turn their own errors into responses; this is a bug guard.
       TORCHRPC_WARN(workerName_, "uncaught exception in a pool task: " << e.what());
     }
+    lastTaskLong = std::chrono::steady_clock::now() - started >= kLongTask;
     std::lock_guard<std::mutex> lock(mutex_);
     --running_;
   }

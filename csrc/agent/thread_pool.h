@@ -36,6 +36,7 @@ class ThreadPool {
   void work();
 
   static constexpr std::chrono::microseconds kBusySpin{2000};
+  static constexpr std::chrono::microseconds kLongTask{500};
 
   // An idle thread waiting for a task, on its own condition variable.
   struct Sleeper {
