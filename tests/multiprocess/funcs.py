@@ -72,6 +72,7 @@ def add_with_default(a: torch.Tensor, b: torch.Tensor, scale: float = 1.0) -> to
 
 
 rpc.register("tests.add_with_default", add_with_default)
+rpc.register("tests.busy", busy)
 
 
 # ---- TorchScript callers (RPC from inside TorchScript) -------------------------
@@ -484,6 +485,12 @@ def script_local_value(rref: rpc.RRef) -> torch.Tensor:
 @torch.jit.script
 def script_remote_then_fetch(owner: str, x: torch.Tensor, timeout: float = -1.0) -> torch.Tensor:
     rref = rpc.remote(owner, "tests.add_with_default", args=(x, x), kwargs={"scale": 2.0})
+    return _tensor(rref.to_here(timeout))
+
+
+@torch.jit.script
+def script_remote_busy_then_fetch(owner: str, iterations: int, timeout: float) -> torch.Tensor:
+    rref = rpc.remote(owner, "tests.busy", args=(iterations,))
     return _tensor(rref.to_here(timeout))
 
 
