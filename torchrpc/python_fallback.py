@@ -52,6 +52,11 @@ def script_reference(fn):
     return qualified, module.rpartition(".")[0]
 
 
+# Types that never travel out of band. The pickler asks persistent_id about
+# every object it meets (some 20 per proxy call); these answer at once.
+_PLAIN_TYPES = frozenset({str, bytes, int, float, bool, type(None), tuple, list, dict})
+
+
 class _Pickler(pickle.Pickler):
     def __init__(self, file, tensors):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
@@ -59,12 +64,15 @@ class _Pickler(pickle.Pickler):
         self._forks = []
 
     def persistent_id(self, obj):
-        if type(obj) is torch.Tensor or type(obj) is torch.nn.Parameter:
+        kind = type(obj)
+        if kind in _PLAIN_TYPES:  # most of what a call pickles: one set lookup
+            return None
+        if kind is torch.Tensor or kind is torch.nn.Parameter:
             self._tensors.append(obj)
-            return (len(self._tensors) - 1, type(obj) is torch.nn.Parameter, obj.requires_grad)
+            return (len(self._tensors) - 1, kind is torch.nn.Parameter, obj.requires_grad)
         if isinstance(obj, torch.jit.ScriptFunction):
             return ("script", *script_reference(obj))  # the receiver resolves it by name
-        if type(obj) is torch.ScriptObject:  # a TorchScript RRef travels as the RRef
+        if kind is torch.ScriptObject:  # a TorchScript RRef travels as the RRef
             obj = _rref_from_script(obj) or obj
         if type(obj) is _rref_type:
             fork = obj._fork()  # the RRef protocol's fork (csrc/rref)
