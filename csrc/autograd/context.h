@@ -11,7 +11,8 @@
 //
 // Container: the contexts of this process and the current context of each
 // thread (thread-local: the `with` block's thread, and the pool thread that
-// runs a request of a context, see recorder.h).
+// runs a request of a context, see recorder.h). While it holds any context,
+// the process's waits poll for longer (setTrainingSpin, common/spin.h).
 
 #include <ATen/core/Tensor.h>
 

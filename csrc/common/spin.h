@@ -10,21 +10,31 @@
 // only applies right after activity: an idle worker sleeps and uses no CPU.
 //
 // TORCHRPC_SPIN_US sets the budget in microseconds (default 100; 0 disables).
+//
+// Training budget. While this process takes part in a distributed autograd
+// context, the budget is TORCHRPC_SPIN_AUTOGRAD_US (default 2000). A training
+// iteration is a chain of dependent calls with gaps of a few hundred us of
+// compute in between (the split RNN: a proxy call, the LSTM, a proxy call,
+// three backward hops, the optimizer step). With the short budget every
+// thread on the other side is asleep when the next message comes, and a
+// worker whose CPU went idle also runs its code 2-3x slower at first (cold
+// caches on the VM's idle vCPU): a proxy call cost 275-330 us in the loop
+// against 83-130 us back to back. Still bounded: a worker with an open
+// context but no traffic sleeps after 2 ms.
 
 #include <sched.h>
 
 #include <chrono>
-#include <cstdlib>
 
 namespace torchrpc {
 
-inline std::chrono::microseconds spinBudget() {
-  static const std::chrono::microseconds budget = [] {
-    const char* v = std::getenv("TORCHRPC_SPIN_US");
-    return std::chrono::microseconds(v != nullptr ? std::atol(v) : 100);
-  }();
-  return budget;
-}
+// The current budget: TORCHRPC_SPIN_US, or the training budget while
+// setTrainingSpin(true) holds; zero when TORCHRPC_SPIN_US=0.
+std::chrono::microseconds spinBudget();
+
+// Set by the distributed autograd contexts (csrc/autograd/context.cpp): on
+// while this process holds at least one.
+void setTrainingSpin(bool on);
 
 // Polls `ready` until it returns true or the budget runs out; returns its last
 // value. `budget` defaults to spinBudget(); TORCHRPC_SPIN_US=0 disables every spin.

@@ -4,6 +4,8 @@ test process can build the same values locally and compare gradients."""
 
 import os
 
+import time
+
 import torch
 
 import torchrpc as rpc
@@ -61,6 +63,11 @@ def clear_dot_grad(name):
 
 def live_contexts():
     return rpc.autograd._live_contexts()
+
+
+def cpu_seconds():
+    """CPU time of this whole process (every thread) so far."""
+    return time.process_time()
 
 
 @torch.jit.script

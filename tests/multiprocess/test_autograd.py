@@ -199,6 +199,23 @@ def test_contexts_are_released_on_every_worker():
         rpc.autograd.get_gradients(ctx)
 
 
+def test_an_open_context_without_traffic_uses_no_cpu():
+    # While a context is open, waits poll for up to 2 ms after each message
+    # (the training budget, csrc/common/spin.h); past that everyone sleeps.
+    x = leaf(1)
+    with rpc.autograd.context() as ctx:
+        y = rpc.rpc_sync("worker1", P.nested, args=(x, "w", "worker2", "w"))
+        rpc.autograd.backward(ctx, [y.sum()])
+        time.sleep(0.05)
+        before = {w: rpc.rpc_sync(w, P.cpu_seconds) for w in ("worker1", "worker2")}
+        mine = time.process_time()
+        time.sleep(1.0)
+        used = {w: rpc.rpc_sync(w, P.cpu_seconds) - before[w] for w in before}
+        used["worker0"] = time.process_time() - mine
+    # Each worker answered one call in the second (a few ms of polling at most).
+    assert all(seconds < 0.05 for seconds in used.values()), used
+
+
 def test_context_ids_are_unique_across_the_job():
     with rpc.autograd.context() as mine:
         pass
