@@ -434,7 +434,8 @@ def _send(call_kind, dst, func, args, kwargs, seconds):
         raise TypeError(f"{call_kind}(func=...) expects a callable; got {type(func).__name__}")
     if remote:
         # Always the whole function: the owner keeps no resend path for remote().
-        payload, tensors, name = python_fallback.encode_call(func, dst.id, args, kwargs, force_full=True)
+        payload, tensors, name, _ = python_fallback.encode_call(func, dst.id, args, kwargs, force_full=True,
+                                                                request=False)
         return _rref.RRef._wrap(_state.rref_ctx.remote_python(dst.id, payload, tensors, seconds, name))
 
     return _python_call(call_kind, dst, func, args, kwargs, seconds)
@@ -453,8 +454,10 @@ def _script_call(call_kind, dst, func, name, module, args, kwargs, seconds, ship
 def _python_call(call_kind, dst, func, args, kwargs, seconds, force_full=False):
     # A plain function, not a closure that refers to itself: such a cycle would
     # keep the arguments (tensors, RRefs) alive until the garbage collector ran.
-    payload, tensors, name = python_fallback.encode_call(func, dst.id, args, kwargs, force_full)
+    payload, tensors, name, forks = python_fallback.encode_call(func, dst.id, args, kwargs, force_full)
     call = _state.agent.python_call(dst.id, payload, tensors, seconds, call_kind, name)
+    if forks:  # RRefs sent to their owner: released when it answers
+        _state.rref_ctx.release_when_answered(call, forks)
     resend = None if force_full else functools.partial(
         _python_call, call_kind, dst, func, args, kwargs, seconds, True)
     return _Invocation(call, python_fallback.decode_result, resend)

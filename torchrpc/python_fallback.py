@@ -58,9 +58,10 @@ _PLAIN_TYPES = frozenset({str, bytes, int, float, bool, type(None), tuple, list,
 
 
 class _Pickler(pickle.Pickler):
-    def __init__(self, file, tensors):
+    def __init__(self, file, tensors, request_to):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._tensors = tensors
+        self._request_to = request_to
         self._forks = []
 
     def persistent_id(self, obj):
@@ -75,16 +76,17 @@ class _Pickler(pickle.Pickler):
         if kind is torch.ScriptObject:  # a TorchScript RRef travels as the RRef
             obj = _rref_from_script(obj) or obj
         if type(obj) is _rref_type:
-            fork = obj._fork()  # the RRef protocol's fork (csrc/rref)
+            fork = obj._fork(self._request_to)  # the RRef protocol's fork (csrc/rref)
             self._forks.append(fork)
             return ("rref", fork)
         return None
 
 
 class _CloudPickler(cloudpickle.CloudPickler):
-    def __init__(self, file, tensors):
+    def __init__(self, file, tensors, request_to):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._tensors = tensors
+        self._request_to = request_to
         self._forks = []
 
     persistent_id = _Pickler.persistent_id
@@ -119,11 +121,14 @@ class _Unpickler(pickle.Unpickler):
         return t
 
 
-def dumps(obj):
-    """Pickles obj; returns (bytes, tensors)."""
+def dumps(obj, request_to=-1):
+    """Pickles obj; returns (bytes, tensors, forks): forks are the RRefs'
+    fork data. `request_to`: the callee's rank when obj is a request to it
+    (its RRefs owned there are then released by the answer, see
+    RRefContext::fork)."""
     tensors = []
     buf = io.BytesIO()
-    pickler = _Pickler(buf, tensors)
+    pickler = _Pickler(buf, tensors, request_to)
     try:
         pickler.dump(obj)
     except Exception:
@@ -131,13 +136,13 @@ def dumps(obj):
         # Lambdas, closures, local classes: cloudpickle handles them.
         tensors.clear()
         buf = io.BytesIO()
-        pickler = _CloudPickler(buf, tensors)
+        pickler = _CloudPickler(buf, tensors, request_to)
         try:
             pickler.dump(obj)
         except BaseException:
             _cancel_forks(pickler)
             raise
-    return buf.getvalue(), tensors
+    return buf.getvalue(), tensors, pickler._forks
 
 
 def _cancel_forks(pickler):
@@ -211,8 +216,10 @@ def _pickle_function(fn):
     return entry
 
 
-def encode_call(fn, dst_rank, args, kwargs, force_full=False):
-    """Returns (payload, tensors, name) for a call of fn on dst_rank."""
+def encode_call(fn, dst_rank, args, kwargs, force_full=False, request=True):
+    """Returns (payload, tensors, name, forks) for a call of fn on dst_rank.
+    `request`: the answer to this message proves the callee decoded it (an
+    rpc_sync/rpc_async call; not remote(), whose answer may come first)."""
     digest, data = _pickle_function(fn)
     key = (dst_rank, digest)
     with _lock:
@@ -220,10 +227,11 @@ def encode_call(fn, dst_rank, args, kwargs, force_full=False):
         _sent.add(key)
     name = function_name(fn)
     try:
-        payload, tensors = dumps((digest, data if full else None, name, args, kwargs))
+        payload, tensors, forks = dumps((digest, data if full else None, name, args, kwargs),
+                                        dst_rank if request else -1)
     except Exception as err:
         raise TypeError(f"cannot send the arguments of {name!r}: pickling failed: {err}") from err
-    return payload, tensors, name
+    return payload, tensors, name, forks
 
 
 def forget_sent(dst_rank=None):
@@ -326,7 +334,7 @@ def _remote_outcome(fut, name):
 def encode_value(value, name="<value>"):
     """Pickles a result or an RRef's value: ("ok", payload, tensors) or ("err", ...)."""
     try:
-        out, out_tensors = dumps(value)
+        out, out_tensors, _ = dumps(value)
     except BaseException as exc:
         return _error(TypeError(f"the result of {name!r} cannot be pickled: {exc}"), name)
     return ("ok", out, out_tensors)

@@ -225,9 +225,10 @@ class RRef:
 
     # ---- pickling -----------------------------------------------------------
 
-    def _fork(self):
-        """Fork data for sending this RRef to another worker (see python_fallback)."""
-        return _context("sending an RRef").rref_ctx.fork(self._handle)
+    def _fork(self, request_to=-1):
+        """Fork data for sending this RRef to another worker (see python_fallback);
+        `request_to`: the callee's rank, when it goes in a request."""
+        return _context("sending an RRef").rref_ctx.fork(self._handle, request_to)
 
     def __reduce__(self):
         raise TypeError(

@@ -440,8 +440,18 @@ PYBIND11_MODULE(_C, m) {
              return Call{c.fetch(user, timeout)};
            })
       .def("fork",
-           [](rref::RRefContext& c, const std::shared_ptr<rref::RRef>& r) {
-             return py::tuple(py::cast(c.fork(r).toInts()));
+           [](rref::RRefContext& c, const std::shared_ptr<rref::RRef>& r, int requestTo) {
+             return py::tuple(py::cast(c.fork(r, requestTo).toInts()));
+           }, py::arg("rref"), py::arg("request_to") = -1)
+      .def("release_when_answered",
+           [](rref::RRefContext& c, const Call& call, const std::vector<std::vector<int64_t>>& forks) {
+             std::vector<rref::ForkData> answered;
+             for (const auto& t : forks) {
+               auto f = rref::ForkData::fromInts(t);
+               if (f.answered) answered.push_back(f);
+             }
+             py::gil_scoped_release nogil;
+             c.releaseWhenAnswered(call.future, answered);
            })
       .def("receive",
            [](rref::RRefContext& c, const std::vector<int64_t>& t) {

@@ -6,15 +6,16 @@
 namespace torchrpc::rref {
 
 std::vector<int64_t> ForkData::toInts() const {
-  return {owner, rrefId.worker, rrefId.local, forkId.worker, forkId.local, parent};
+  return {owner, rrefId.worker, rrefId.local, forkId.worker, forkId.local, parent, answered ? 1 : 0};
 }
 
 ForkData ForkData::fromInts(const std::vector<int64_t>& ints) {
-  TORCH_CHECK(ints.size() == 6, "malformed RRef fork data: ", ints.size(), " fields, expected 6");
+  TORCH_CHECK(ints.size() == 7, "malformed RRef fork data: ", ints.size(), " fields, expected 7");
   return ForkData{static_cast<int>(ints[0]),
                   {static_cast<int32_t>(ints[1]), ints[2]},
                   {static_cast<int32_t>(ints[3]), ints[4]},
-                  static_cast<int>(ints[5])};
+                  static_cast<int>(ints[5]),
+                  ints[6] != 0};
 }
 
 OwnerRRef::OwnerRRef(std::weak_ptr<RRefContext> ctx, int owner, RRefId id)

@@ -58,9 +58,12 @@ struct ForkData {
   RRefId rrefId;
   ForkId forkId;
   int parent{-1};
+  // A user sent its RRef to the owner inside a request: the owner's answer to
+  // that request releases the parent's hold, so the owner sends no CHILD_ACCEPT.
+  bool answered{false};
 
   // Its form inside pickles (Python and TorchScript alike): (owner,
-  // rrefId.worker, rrefId.local, forkId.worker, forkId.local, parent).
+  // rrefId.worker, rrefId.local, forkId.worker, forkId.local, parent, answered).
   std::vector<int64_t> toInts() const;
   static ForkData fromInts(const std::vector<int64_t>& ints);
 };

@@ -397,7 +397,7 @@ void RRefContext::handleFetch(Message&& request, Agent::Responder respond) {
 
 // ---- forks -------------------------------------------------------------------------
 
-ForkData RRefContext::fork(const std::shared_ptr<RRef>& rref) {
+ForkData RRefContext::fork(const std::shared_ptr<RRef>& rref, int requestTo) {
   TORCH_CHECK(rref->context().get() == this,
               "this RRef belongs to an earlier torchrpc session (before shutdown); it cannot be sent");
   const ForkId forkId = newId();
@@ -412,7 +412,8 @@ ForkData RRefContext::fork(const std::shared_ptr<RRef>& rref) {
                 " was already released (torchrpc is shutting down); it cannot be sent");
     pendingChildren_[forkId] = rref;
   }
-  return ForkData{rref->owner(), rref->id(), forkId, rank_};
+  const bool answered = !rref->isOwner() && requestTo == rref->owner();
+  return ForkData{rref->owner(), rref->id(), forkId, rank_, answered};
 }
 
 std::shared_ptr<RRef> RRefContext::receive(const ForkData& fork) {
@@ -428,7 +429,7 @@ std::shared_ptr<RRef> RRefContext::receive(const ForkData& fork) {
         drop = maybeEraseLocked(fork.rrefId);
       }
     }
-    if (fork.parent != rank_) {
+    if (fork.parent != rank_ && !fork.answered) {
       // A user sent the owner its own RRef: the parent may let go of its copy.
       sendTrackedLater(fork.parent, idsMessage(MessageType::kRRefChildAccept, fork.forkId),
                        "CHILD_ACCEPT", nullptr);
@@ -453,6 +454,24 @@ std::shared_ptr<RRef> RRefContext::receive(const ForkData& fork) {
                      });
   }
   return user;
+}
+
+void RRefContext::releaseWhenAnswered(const FuturePtr& call, const std::vector<ForkData>& forks) {
+  if (forks.empty()) return;
+  std::weak_ptr<RRefContext> weak = weak_from_this();
+  call->addCallback([weak, forks](c10::ivalue::Future& done) {
+    auto self = weak.lock();
+    if (!self) return;
+    if (done.hasError()) {
+      try {
+        std::rethrow_exception(done.exception_ptr());
+      } catch (const RpcError& e) {
+        if (e.kind() == ErrorKind::kTimeout) return;  // maybe still queued on the owner
+      } catch (...) {
+      }
+    }
+    for (const auto& f : forks) self->onChildAccept(f.forkId);
+  });
 }
 
 void RRefContext::cancelFork(const ForkData& fork) {

@@ -23,10 +23,14 @@
 // Protocol steps (upstream's Note [Early Fork Registration] and friends):
 //   fork(rref) on the sender P (pickling an RRef into a message):
 //     owner sends: the new fork is added to owners_ at once;
-//     user sends:  the RRef is kept in pendingChildren_ until CHILD_ACCEPT.
+//     user sends:  the RRef is kept in pendingChildren_ until CHILD_ACCEPT, or,
+//                  for a request to the owner (fork(rref, requestTo)), until
+//                  the owner answers that request (releaseWhenAnswered).
 //   receive(forkData) on the receiver R:
 //     R is the owner: it gets its OwnerRRef; if P == R the fork added while
-//       pickling is dropped again, otherwise P gets CHILD_ACCEPT;
+//       pickling is dropped again, otherwise P gets CHILD_ACCEPT, unless
+//       the fork came in P's request to R (ForkData::answered): R decodes a
+//       request before it answers it, and P lets go on the answer;
 //     P is the owner: a confirmed UserRRef (the owner registered the fork);
 //     otherwise: a pending UserRRef; FORK_REQUEST to the owner; on its ack the
 //       user is confirmed and P gets CHILD_ACCEPT.
@@ -102,7 +106,15 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // Neither blocks nor sends on the calling thread (receive() may run on the
   // I/O thread while a response is decoded): receive()'s FORK_REQUEST or
   // CHILD_ACCEPT is sent from the pool, counted in flight at once.
-  ForkData fork(const std::shared_ptr<RRef>& rref);
+  // `requestTo`: the rank this fork is sent to in a request, if it is one
+  // (-1: a response, or not known). A user sending to the owner in a request
+  // makes an `answered` fork: pass the request's future to releaseWhenAnswered.
+  ForkData fork(const std::shared_ptr<RRef>& rref, int requestTo = -1);
+  // Releases the parent's holds on `forks` (answered forks of one request)
+  // when `call`, the request, is answered: with a value, the callee's error,
+  // or a closed connection. A call that timed out may still be decoded later,
+  // so its holds stay until shutdown releases every user RRef.
+  void releaseWhenAnswered(const FuturePtr& call, const std::vector<ForkData>& forks);
   std::shared_ptr<RRef> receive(const ForkData& fork);
   // The message that carried `fork` was never sent: undo fork().
   void cancelFork(const ForkData& fork);

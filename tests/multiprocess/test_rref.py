@@ -300,6 +300,28 @@ def test_confirmed_user_forks_then_drops_at_once():
         assert got.payload == i
 
 
+def test_user_sends_its_rref_to_the_owner_and_drops_it_at_once():
+    # The owner answers no CHILD_ACCEPT for its own RRef in a call to it:
+    # worker0 keeps its copy until the call's answer (the owner decoded the
+    # call by then), so its USER_DELETE cannot overtake the call. Proxies
+    # (rref.rpc_async().get()) take this path.
+    names = [unique("to-owner") for _ in range(20)]
+    rrefs = [rpc.remote("worker1", funcs.Tracked, args=(name, i)) for i, name in enumerate(names)]
+    assert rpc.rref._wait_idle(10.0) == 0 and all(r.confirmed_by_owner() for r in rrefs)
+    futures = []
+    for i in range(len(names)):
+        rref = rrefs.pop(0)
+        futures.append(rref.rpc_async().get() if i % 2 else
+                       rpc.rpc_async("worker1", funcs.rref_to_here, args=(rref,)))
+        del rref
+        gc.collect()
+    got = [f.wait() for f in futures]
+    assert [g if isinstance(g, int) else g.payload for g in got] == list(range(len(names)))
+    settle()
+    assert rpc.rref._live_rrefs()["pending_children"] == []
+    assert not any(rpc.rpc_sync("worker1", funcs.tracked_alive, args=(n,)) for n in names)
+
+
 def test_user_forks_to_user_and_drops_at_once():
     # a user -> user fork whose parent drops its copy right after sending
     name = unique("u2u")

@@ -97,6 +97,39 @@ def test_user_sends_the_rref_back_to_its_owner(world):
     assert world.owners(0) == {owner.id(): [u1.fork_id()]}  # the phantom fork is never added
 
 
+def test_a_user_rref_in_a_request_to_its_owner_is_released_by_the_answer(world):
+    owner = world.ctx[0].create_owner(5)
+    u1 = world.ctx[1].receive(world.ctx[0].fork(owner))
+    fork = world.ctx[1].fork(u1, request_to=0)
+    assert fork[6] == 1  # answered: no CHILD_ACCEPT will come
+    back = world.ctx[0].receive(fork)
+    assert back.is_owner() and back.id() == owner.id()
+    world.settle()
+    held = f"{fork[3]}:{fork[4]}"
+    assert world.ctx[1].snapshot()["pending_children"] == [held]
+    request = world.ctx[1].fetch(u1, 10.0)  # stands for the request that carried the fork
+    world.ctx[1].release_when_answered(request, [fork])
+    assert request.result()[0]
+    world.settle()
+    assert world.ctx[1].snapshot()["pending_children"] == []
+    # A fork to another worker, or in a response, still waits for CHILD_ACCEPT.
+    assert world.ctx[1].fork(u1, request_to=2)[6] == 0 and world.ctx[1].fork(u1)[6] == 0
+
+
+def test_a_request_that_timed_out_keeps_its_hold(world):
+    # The owner may still decode a timed-out request: the hold stays (until
+    # shutdown releases every user RRef).
+    owner = world.ctx[0].create_owner(5)
+    u1 = world.ctx[1].receive(world.ctx[0].fork(owner))
+    fork = world.ctx[1].fork(u1, request_to=0)
+    never = world.ctx[1].receive((0, 0, 999, 0, 5, 0, 0))  # a value the owner never creates
+    request = world.ctx[1].fetch(never, 0.2)
+    world.ctx[1].release_when_answered(request, [fork])
+    ok, error = request.result()
+    assert not ok and "timed out" in error[1]
+    assert world.ctx[1].snapshot()["pending_children"] == [f"{fork[3]}:{fork[4]}"]
+
+
 def test_owner_sends_to_itself(world):
     owner = world.ctx[0].create_owner(1)
     again = world.ctx[0].receive(world.ctx[0].fork(owner))
