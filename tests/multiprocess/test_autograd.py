@@ -288,3 +288,6 @@ def test_a_worker_dying_in_the_backward_pass_fails_it_promptly(job):
         with pytest.raises(rpc.PeerUnreachableError, match="worker2"):
             rpc.autograd.backward(ctx, [y.sum()])
         assert time.monotonic() - started < 5
+    # Its connection closes before its process is gone: wait, so that the
+    # job's teardown knows worker2 is dead and does not shut down gracefully.
+    assert job.procs[2].wait(timeout=10) == 3
