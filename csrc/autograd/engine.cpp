@@ -8,6 +8,7 @@
 #include <set>
 #include <unordered_set>
 
+#include "autograd/autograd_messages.h"
 #include "autograd/context.h"
 #include "autograd/recorder.h"
 #include "common/error.h"
@@ -108,11 +109,7 @@ FuturePtr runPass(Agent& agent, const std::shared_ptr<Context>& ctx,
   std::vector<FuturePtr> sent;
   for (auto& kv : toSend) {
     RecvRpcBackward* recv = kv.first;
-    c10::List<std::optional<at::Tensor>> list;
-    for (auto& g : kv.second.second) list.push_back(g);
-    Message m = ivalueMessage(
-        MessageType::kAutogradBackward, 0,
-        c10::ivalue::Tuple::create({ctx->id(), recv->sendId, retainGraph, std::move(list)}));
+    Message m = backwardMessage({ctx->id(), recv->sendId, retainGraph, std::move(kv.second.second)});
     sent.push_back(agent.send(recv->src, std::move(m), agent.options().defaultTimeoutSeconds,
                               "distributed backward", "context " + std::to_string(ctx->id())));
   }
@@ -122,7 +119,7 @@ FuturePtr runPass(Agent& agent, const std::shared_ptr<Context>& ctx,
 void sendCleanup(Agent& agent, const Context& ctx) {
   const std::string worker = agent.options().name;
   for (int rank : ctx.knownWorkers()) {
-    Message m = ivalueMessage(MessageType::kAutogradCleanup, 0, c10::IValue(ctx.id()));
+    Message m = cleanupMessage(ctx.id());
     auto f = agent.send(rank, std::move(m), agent.options().defaultTimeoutSeconds,
                         "release autograd context", "context " + std::to_string(ctx.id()));
     f->addCallback([worker](c10::ivalue::Future& done) {
@@ -146,33 +143,27 @@ void respondWhenDone(const FuturePtr& done, uint64_t id, const std::string& work
 
 void onBackward(Agent& agent, Message&& request, Agent::Responder respond) {
   const std::string& worker = agent.options().name;
-  auto t = messageIValue(request).toTuple();
-  const auto& el = t->elements();
-  TORCH_CHECK(el.size() == 4, "malformed AUTOGRAD_BACKWARD message");
-  const int64_t contextId = el[0].toInt();
-  const int64_t sendId = el[1].toInt();
-  const bool retainGraph = el[2].toBool();
-  auto grads = el[3].toList();
-  auto ctx = Container::get().retrieve(contextId, worker);
-  auto send = ctx->send(sendId);
-  TORCH_CHECK(send, "distributed autograd context ", contextId, " on ", worker,
-              " has no send function #", sendId);
-  TORCH_CHECK(grads.size() == send->num_inputs(), "AUTOGRAD_BACKWARD brought ", grads.size(),
-              " gradients for send function #", sendId, ", which sent ", send->num_inputs(), " tensors");
+  const uint64_t id = request.id;
+  BackwardRequest r = parseBackward(std::move(request));
+  auto ctx = Container::get().retrieve(r.contextId, worker);
+  auto send = ctx->send(r.sendId);
+  TORCH_CHECK(send, "distributed autograd context ", r.contextId, " on ", worker,
+              " has no send function #", r.sendId);
+  TORCH_CHECK(r.grads.size() == send->num_inputs(), "AUTOGRAD_BACKWARD brought ", r.grads.size(),
+              " gradients for send function #", r.sendId, ", which sent ", send->num_inputs(), " tensors");
   torch::autograd::edge_list roots;
   torch::autograd::variable_list inputs;
-  for (size_t i = 0; i < grads.size(); ++i) {
-    c10::IValue g = grads.get(i);
-    if (g.isNone()) continue;
+  for (size_t i = 0; i < r.grads.size(); ++i) {
+    if (!r.grads[i]) continue;
     roots.emplace_back(send, static_cast<uint32_t>(i));
-    inputs.push_back(g.toTensor());
+    inputs.push_back(std::move(*r.grads[i]));
   }
-  respondWhenDone(runPass(agent, ctx, roots, inputs, /*keepGraph=*/true, retainGraph), request.id,
-                  worker, std::move(respond));
+  respondWhenDone(runPass(agent, ctx, roots, inputs, /*keepGraph=*/true, r.retainGraph), id, worker,
+                  std::move(respond));
 }
 
 void onCleanup(Agent& agent, Message&& request, Agent::Responder respond) {
-  const int64_t contextId = messageIValue(request).toInt();
+  const int64_t contextId = parseCleanup(request);
   if (auto ctx = Container::get().release(contextId)) sendCleanup(agent, *ctx);
   respond(ivalueMessage(MessageType::kScriptRet, request.id, c10::IValue()));
 }

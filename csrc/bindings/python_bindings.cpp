@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "agent/agent.h"
+#include "autograd/autograd_messages.h"
 #include "autograd/context.h"
 #include "autograd/engine.h"
 #include "common/error.h"
@@ -554,6 +555,18 @@ PYBIND11_MODULE(_C, m) {
       messages.append(py::make_tuple(static_cast<int>(m.type), m.id, py::bytes(m.payload), m.tensors));
     }
     return py::make_tuple(messages, reader.error(), reader.midFrame());
+  });
+
+  // Distributed autograd's binary messages (autograd/autograd_messages.h).
+  m.def("_encode_backward", [](int64_t contextId, int64_t sendId, bool retain,
+                               std::vector<std::optional<at::Tensor>> grads) {
+    auto msg = ag::backwardMessage({contextId, sendId, retain, std::move(grads)});
+    return py::make_tuple(py::bytes(msg.payload), msg.tensors);
+  });
+  m.def("_parse_backward", [](py::bytes payload, std::vector<at::Tensor> tensors) {
+    torchrpc::Message msg{torchrpc::MessageType::kAutogradBackward, 0, std::string(payload), std::move(tensors)};
+    auto r = pythonErrors([&] { return ag::parseBackward(std::move(msg)); });
+    return py::make_tuple(r.contextId, r.sendId, r.retainGraph, r.grads);
   });
 
   m.def("_receive_cache_bytes", &torchrpc::receive_buffers::cachedBytes);
