@@ -21,7 +21,7 @@ import threading
 
 import torch
 
-from torchrpc import api, autograd, errors
+from torchrpc import api, autograd, constants, errors
 from torchrpc._extension import native
 from torchrpc.optim import functional
 
@@ -98,33 +98,24 @@ class DistributedOptimizer:
         calls = [(owner, *((torch.ops.torchrpc.optimizer_step, (fid, context_id)) if fid is not None
                            else (_step, (opt, context_id))))
                  for (owner, opt), fid in zip(self._locals, self._functional_ids)]
-        # The other owners first, so that they step while this one does.
-        futures = [api.rpc_async(owner, fn, args=args) for owner, fn, args in calls if owner != me]
-        futures += [_run_here(fn, args) for owner, fn, args in calls if owner == me]  # no RPC to itself
-        failure = None
-        for fut in futures:
-            try:
-                fut.wait()
-            except Exception as exc:
-                failure = failure or exc
+        # The other owners first, so that they step while this one does. Their
+        # calls are waited for directly (Invocation.wait polls before it
+        # sleeps), not through torch futures: a future's completion hops
+        # through the callback thread, and its wait never polls.
+        remote = [api._invoke("rpc_async", owner, fn, args, None, constants.UNSET_RPC_TIMEOUT)
+                  for owner, fn, args in calls if owner != me]
+        failures = [_failure_of(fn, args) for owner, fn, args in calls if owner == me]  # no RPC to itself
+        failures += [_failure_of(call.wait, ()) for call in remote]
+        failure = next((f for f in failures if f is not None), None)
         if failure is not None:
             raise failure
 
 
-def _run_here(fn, args):
-    """fn(*args) now, as a completed future. (The future is made outside the
-    frame its exception's traceback refers to: no cycle through C++.)"""
+def _failure_of(fn, args):
+    """The exception fn(*args) raises, or None. (Caught in this frame, so the
+    exception's traceback does not reference the caller's locals.)"""
     try:
-        value = fn(*args)
+        fn(*args)
     except Exception as exc:
-        return _completed(exc=exc)
-    return _completed(value)
-
-
-def _completed(value=None, exc=None):
-    fut = torch.futures.Future()
-    if exc is not None:
-        fut.set_exception(exc)
-    else:
-        fut.set_result(value)
-    return fut
+        return exc
+    return None
