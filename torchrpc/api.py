@@ -24,6 +24,7 @@ under the callee's GIL.
 """
 
 import atexit
+import contextlib
 import functools
 import numbers
 import threading
@@ -434,9 +435,10 @@ def _send(call_kind, dst, func, args, kwargs, seconds):
         raise TypeError(f"{call_kind}(func=...) expects a callable; got {type(func).__name__}")
     if remote:
         # Always the whole function: the owner keeps no resend path for remote().
-        payload, tensors, name, _ = python_fallback.encode_call(func, dst.id, args, kwargs, force_full=True,
-                                                                request=False)
-        return _rref.RRef._wrap(_state.rref_ctx.remote_python(dst.id, payload, tensors, seconds, name))
+        payload, tensors, name, forks = python_fallback.encode_call(func, dst.id, args, kwargs, force_full=True,
+                                                                    request=False)
+        with _forks_cancelled_on_error(forks):
+            return _rref.RRef._wrap(_state.rref_ctx.remote_python(dst.id, payload, tensors, seconds, name))
 
     return _python_call(call_kind, dst, func, args, kwargs, seconds)
 
@@ -451,11 +453,23 @@ def _script_call(call_kind, dst, func, name, module, args, kwargs, seconds, ship
     return _Invocation(call, _identity, resend)
 
 
+@contextlib.contextmanager
+def _forks_cancelled_on_error(forks):
+    """A message that could not be sent (e.g. a sparse tensor the wire refuses)
+    carried no RRef: its forks are undone, so nothing holds those RRefs."""
+    try:
+        yield
+    except BaseException:
+        python_fallback.cancel_forks(forks)
+        raise
+
+
 def _python_call(call_kind, dst, func, args, kwargs, seconds, force_full=False):
     # A plain function, not a closure that refers to itself: such a cycle would
     # keep the arguments (tensors, RRefs) alive until the garbage collector ran.
     payload, tensors, name, forks = python_fallback.encode_call(func, dst.id, args, kwargs, force_full)
-    call = _state.agent.python_call(dst.id, payload, tensors, seconds, call_kind, name)
+    with _forks_cancelled_on_error(forks):
+        call = _state.agent.python_call(dst.id, payload, tensors, seconds, call_kind, name)
     if forks:  # RRefs sent to their owner: released when it answers
         _state.rref_ctx.release_when_answered(call, forks)
     resend = None if force_full else functools.partial(

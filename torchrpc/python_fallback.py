@@ -146,7 +146,12 @@ def dumps(obj, request_to=-1):
 
 
 def _cancel_forks(pickler):
-    for fork in pickler._forks:
+    cancel_forks(pickler._forks)
+
+
+def cancel_forks(forks):
+    """Undoes the RRef forks of a pickle that will not be sent."""
+    for fork in forks:
         _rref_cancel(fork)
 
 

@@ -111,7 +111,9 @@ Call sendOrRaise(Agent& agent, int dst, torchrpc::Message&& m, double timeout,
                  const std::string& kind, const std::string& function) {
   constexpr uint64_t kSmall = 1u << 20;
   uint64_t bytes = m.payload.size();
-  for (const auto& t : m.tensors) bytes += t.nbytes();
+  for (const auto& t : m.tensors) {
+    if (t.layout() == c10::kStrided) bytes += t.nbytes();  // others: the wire refuses them, clearly
+  }
   std::optional<py::gil_scoped_release> nogil;
   if (bytes > kSmall || !agent.sendsAtOnce(dst, bytes)) nogil.emplace();
   return Call{agent.send(dst, std::move(m), timeout, kind, function)};
@@ -149,6 +151,16 @@ auto pythonErrors(F&& f) -> decltype(f()) {
 template <typename F>
 Call translated(F&& send) {
   return pythonErrors<py::value_error>(std::forward<F>(send));
+}
+
+// remote(): like a call, a message that cannot be sent (a tensor the wire
+// refuses, a closed agent) is the caller's ValueError.
+std::shared_ptr<torchrpc::rref::RRef> remoteOrRaise(torchrpc::rref::RRefContext& c, int dst, torchrpc::Message&& msg,
+                                                    double timeout, const std::string& function) {
+  return pythonErrors<py::value_error>([&] {
+    py::gil_scoped_release nogil;
+    return c.remote(dst, std::move(msg), timeout, function);
+  });
 }
 
 // The first overload of builtin `opName` that accepts the arguments, as a
@@ -401,8 +413,7 @@ PYBIND11_MODULE(_C, m) {
            [](rref::RRefContext& c, int dst, const std::string& name, const std::string& moduleHint, py::handle fn,
               py::tuple args, py::dict kwargs, double timeout) {
              auto msg = scriptMessage(name, moduleHint, fn, args, kwargs);
-             py::gil_scoped_release nogil;
-             return c.remote(dst, std::move(msg), timeout, name);
+             return remoteOrRaise(c, dst, std::move(msg), timeout, name);
            })
       .def("remote_named",
            [](rref::RRefContext& c, int dst, const std::string& name, py::tuple args, py::dict kwargs,
@@ -415,23 +426,20 @@ PYBIND11_MODULE(_C, m) {
              }
              auto msg = torchrpc::jit_ops::namedCallMessage(name, c10::ivalue::Tuple::create(std::move(stack)),
                                                             std::move(kw), "remote");
-             py::gil_scoped_release nogil;
-             return c.remote(dst, std::move(msg), timeout, name);
+             return remoteOrRaise(c, dst, std::move(msg), timeout, name);
            })
       .def("remote_builtin",
            [](rref::RRefContext& c, int dst, const std::string& opName, py::tuple args, py::dict kwargs,
               double timeout) {
              std::string full;
              auto msg = builtinMessage(opName, args, kwargs, &full);
-             py::gil_scoped_release nogil;
-             return c.remote(dst, std::move(msg), timeout, full);
+             return remoteOrRaise(c, dst, std::move(msg), timeout, full);
            })
       .def("remote_python",
            [](rref::RRefContext& c, int dst, py::bytes payload, std::vector<at::Tensor> tensors, double timeout,
               const std::string& function) {
              auto msg = pythonMessage(payload, std::move(tensors));
-             py::gil_scoped_release nogil;
-             return c.remote(dst, std::move(msg), timeout, function);
+             return remoteOrRaise(c, dst, std::move(msg), timeout, function);
            })
       .def("fetch",
            [](rref::RRefContext& c, const std::shared_ptr<rref::RRef>& r, double timeout) {

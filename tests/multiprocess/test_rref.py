@@ -322,6 +322,20 @@ def test_user_sends_its_rref_to_the_owner_and_drops_it_at_once():
     assert not any(rpc.rpc_sync("worker1", funcs.tracked_alive, args=(n,)) for n in names)
 
 
+def test_a_call_that_cannot_be_sent_holds_no_rref():
+    # The sparse tensor is refused while sending, after the RRef was forked
+    # into the pickle: the forks are undone, nothing waits for an answer.
+    rref = rpc.remote("worker1", funcs.Tracked, args=(unique("unsent"), 1))
+    rref.to_here()
+    sparse = torch.eye(2).to_sparse()
+    for send in (lambda to: rpc.rpc_sync(to, funcs.rref_info, args=(rref, sparse)),
+                 lambda to: rpc.remote(to, funcs.rref_info, args=(rref, sparse))):
+        for to in ("worker1", "worker2"):  # the owner (answered fork) and another user
+            with pytest.raises(ValueError, match="layout"):
+                send(to)
+    assert rpc.rref._live_rrefs()["pending_children"] == []
+
+
 def test_user_forks_to_user_and_drops_at_once():
     # a user -> user fork whose parent drops its copy right after sending
     name = unique("u2u")
