@@ -454,13 +454,10 @@ PYBIND11_MODULE(_C, m) {
            }, py::arg("rref"), py::arg("request_to") = -1)
       .def("release_when_answered",
            [](rref::RRefContext& c, const Call& call, const std::vector<std::vector<int64_t>>& forks) {
-             std::vector<rref::ForkData> answered;
-             for (const auto& t : forks) {
-               auto f = rref::ForkData::fromInts(t);
-               if (f.answered) answered.push_back(f);
-             }
+             std::vector<rref::ForkData> data;
+             for (const auto& t : forks) data.push_back(rref::ForkData::fromInts(t));
              py::gil_scoped_release nogil;
-             c.releaseWhenAnswered(call.future, answered);
+             c.releaseWhenAnswered(call.future, data);
            })
       .def("receive",
            [](rref::RRefContext& c, const std::vector<int64_t>& t) {

@@ -22,11 +22,18 @@ constexpr auto kTrainingLinger = std::chrono::milliseconds(50);
 std::atomic<bool> trainingSpin{false};
 std::atomic<Clock::rep> trainingEnded{0};
 
+const std::chrono::microseconds& baseBudget() {
+  static const std::chrono::microseconds base = fromEnv("TORCHRPC_SPIN_US", 100);
+  return base;
+}
+
 }  // namespace
 
+bool spinEnabled() { return baseBudget().count() > 0; }
+
 std::chrono::microseconds spinBudget() {
-  static const std::chrono::microseconds base = fromEnv("TORCHRPC_SPIN_US", 100);
   static const std::chrono::microseconds training = fromEnv("TORCHRPC_SPIN_AUTOGRAD_US", 2000);
+  const auto base = baseBudget();
   if (base.count() <= 0) return base;
   if (trainingSpin.load(std::memory_order_relaxed)) return training;
   const auto ended = trainingEnded.load(std::memory_order_relaxed);

@@ -32,6 +32,9 @@ namespace torchrpc {
 // setTrainingSpin(true) holds; zero when TORCHRPC_SPIN_US=0.
 std::chrono::microseconds spinBudget();
 
+// False when TORCHRPC_SPIN_US=0: no wait polls at all.
+bool spinEnabled();
+
 // Set by the distributed autograd contexts (csrc/autograd/context.cpp): on
 // while this process holds at least one.
 void setTrainingSpin(bool on);
@@ -40,7 +43,7 @@ void setTrainingSpin(bool on);
 // value. `budget` defaults to spinBudget(); TORCHRPC_SPIN_US=0 disables every spin.
 template <typename Ready>
 bool spinUntil(Ready&& ready, std::chrono::microseconds budget = spinBudget()) {
-  if (budget.count() <= 0 || spinBudget().count() <= 0) return ready();
+  if (budget.count() <= 0 || !spinEnabled()) return ready();
   auto end = std::chrono::steady_clock::now() + budget;
   while (true) {
     if (ready()) return true;

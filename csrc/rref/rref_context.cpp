@@ -457,20 +457,20 @@ std::shared_ptr<RRef> RRefContext::receive(const ForkData& fork) {
 }
 
 void RRefContext::releaseWhenAnswered(const FuturePtr& call, const std::vector<ForkData>& forks) {
-  if (forks.empty()) return;
+  std::vector<ForkId> answered;
+  for (const auto& f : forks) {
+    if (f.answered) answered.push_back(f.forkId);  // the others wait for CHILD_ACCEPT
+  }
+  if (answered.empty()) return;
   std::weak_ptr<RRefContext> weak = weak_from_this();
-  call->addCallback([weak, forks](c10::ivalue::Future& done) {
+  call->addCallback([weak, answered = std::move(answered)](c10::ivalue::Future& done) {
     auto self = weak.lock();
     if (!self) return;
-    if (done.hasError()) {
-      try {
-        std::rethrow_exception(done.exception_ptr());
-      } catch (const RpcError& e) {
-        if (e.kind() == ErrorKind::kTimeout) return;  // maybe still queued on the owner
-      } catch (...) {
-      }
+    if (done.hasError() &&
+        describeError(done.exception_ptr()).first == static_cast<int>(ErrorKind::kTimeout)) {
+      return;  // maybe still queued on the owner
     }
-    for (const auto& f : forks) self->onChildAccept(f.forkId);
+    for (const auto& forkId : answered) self->onChildAccept(forkId);
   });
 }
 

@@ -110,8 +110,8 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // (-1: a response, or not known). A user sending to the owner in a request
   // makes an `answered` fork: pass the request's future to releaseWhenAnswered.
   ForkData fork(const std::shared_ptr<RRef>& rref, int requestTo = -1);
-  // Releases the parent's holds on `forks` (answered forks of one request)
-  // when `call`, the request, is answered: with a value, the callee's error,
+  // Releases the parent's holds on the answered ones of `forks` (the forks
+  // of one request) when `call`, the request, is answered: with a value, the callee's error,
   // or a closed connection. A call that timed out may still be decoded later,
   // so its holds stay until shutdown releases every user RRef.
   void releaseWhenAnswered(const FuturePtr& call, const std::vector<ForkData>& forks);
