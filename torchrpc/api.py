@@ -213,6 +213,7 @@ def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):
         state.agent.shutdown()
         state.rref_ctx.stop()
         state.callbacks.stop(timeout)  # runs the completions of the calls shutdown failed
+        native().reap_thread_states()  # the Python thread states of the threads that stopped
         python_fallback.forget_sent()
         shipped_code.forget()
         with _state_lock:

@@ -26,6 +26,7 @@
 #include "message/wire.h"
 #include "optim/optimizer.h"
 #include "python_fallback/callback_runner.h"
+#include "python_fallback/gil.h"
 #include "python_fallback/python_rref.h"
 #include "python_fallback/run_python.h"
 #include "rendezvous/rendezvous.h"
@@ -96,10 +97,7 @@ struct Call {
 
   // fn() runs on the runner's thread, under the GIL, once the call is done.
   void addDoneCallback(std::shared_ptr<torchrpc::python_fallback::CallbackRunner> runner, py::object fn) {
-    auto callback = std::shared_ptr<py::object>(new py::object(std::move(fn)), [](py::object* p) {
-      py::gil_scoped_acquire gil;
-      delete p;
-    });
+    auto callback = torchrpc::python_fallback::sharedPyObject(std::move(fn));
     future->addCallback([runner, callback](c10::ivalue::Future&) { runner->post(callback); });
   }
 };
@@ -576,6 +574,13 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("_receive_cache_bytes", &torchrpc::receive_buffers::cachedBytes);
 
+  m.def("reap_thread_states", &torchrpc::python_fallback::reapThreadStates);
+  // Test helper: how many Python thread states the interpreter holds.
+  m.def("_thread_states_for_test", [] {
+    size_t n = 0;
+    for (auto* t = PyInterpreterState_ThreadHead(PyThreadState_Get()->interp); t != nullptr; t = PyThreadState_Next(t)) ++n;
+    return n;
+  });
   // Test helper: holds the GIL (never releasing it) for `seconds`, so tests can
   // prove that script calls on this worker complete without it.
   m.def("_hold_gil_for_test", [](double seconds) {

@@ -1,4 +1,5 @@
 #include "python_fallback/callback_runner.h"
+#include "python_fallback/gil.h"
 
 #include <chrono>
 #include <iostream>
@@ -45,7 +46,7 @@ void CallbackRunner::post(std::shared_ptr<py::object> callback) {
 }
 
 void CallbackRunner::runOne(std::shared_ptr<py::object>& cb) {
-  py::gil_scoped_acquire gil;
+  Gil gil;
   try {
     (*cb)();
   } catch (py::error_already_set& e) {
@@ -72,7 +73,7 @@ void CallbackRunner::run(const std::shared_ptr<State>& state) {
       batch.swap(state->queue);
       state->queued.store(0);
     }
-    py::gil_scoped_acquire gil;  // once per batch; runOne's acquire nests
+    Gil gil;  // once per batch; runOne's acquire nests
     for (auto& cb : batch) runOne(cb);
   }
 }

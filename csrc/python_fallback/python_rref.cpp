@@ -1,4 +1,5 @@
 #include "python_fallback/python_rref.h"
+#include "python_fallback/gil.h"
 
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
@@ -22,7 +23,7 @@ class PyValueHolder final : public c10::ivalue::PyObjectHolder {
   explicit PyValueHolder(py::object obj) : obj_(std::move(obj)) {}
   ~PyValueHolder() override {
     if (Py_IsInitialized()) {
-      py::gil_scoped_acquire gil;
+      Gil gil;
       obj_ = py::object();
     } else {
       obj_.release();  // the interpreter is gone; nothing to drop
@@ -37,7 +38,7 @@ class PyValueHolder final : public c10::ivalue::PyObjectHolder {
                 type->repr_str());
   }
   std::string toStr() override {
-    py::gil_scoped_acquire gil;
+    Gil gil;
     return py::str(obj_).cast<std::string>();
   }
   std::vector<at::Tensor> extractTensors() override { return {}; }  // CPU only: no streams to sync
@@ -95,7 +96,7 @@ void installRRefPython(rref::RRefContext& ctx, py::object runner, py::object enc
     Outcome now;
     c10::intrusive_ptr<c10::ivalue::Future> later;
     {
-      py::gil_scoped_acquire gil;
+      Gil gil;
       try {
         py::tuple out = callPythonHandler(*run, call, callerRank);
         if (out[0].cast<std::string>() == "async") {
@@ -118,7 +119,7 @@ void installRRefPython(rref::RRefContext& ctx, py::object runner, py::object enc
     later->addCallback([onValue, onError, worker](c10::ivalue::Future& done) {
       Outcome late;
       {
-        py::gil_scoped_acquire gil;
+        Gil gil;
         try {
           if (done.hasError()) {
             late.error = handlerFailure(done.tryRetrieveErrorMessage(), worker);
@@ -133,7 +134,7 @@ void installRRefPython(rref::RRefContext& ctx, py::object runner, py::object enc
     });
   });
   ctx.setPythonEncoder([encode, worker](uint64_t id, const c10::IValue& value) {
-    py::gil_scoped_acquire gil;
+    Gil gil;
     py::tuple out = (*encode)(py::handle(value.toPyObject()));
     if (out[0].cast<std::string>() != "ok") return exceptionMessage(id, remoteExceptionFrom(out, worker));
     Message m;

@@ -1,4 +1,5 @@
 #include "python_fallback/run_python.h"
+#include "python_fallback/gil.h"
 
 #include <torch/csrc/jit/api/compilation_unit.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
@@ -13,7 +14,7 @@ namespace torchrpc::python_fallback {
 std::shared_ptr<py::object> sharedPyObject(py::object obj) {
   return std::shared_ptr<py::object>(new py::object(std::move(obj)), [](py::object* p) {
     if (Py_IsInitialized()) {
-      py::gil_scoped_acquire gil;
+      Gil gil;
       delete p;
     } else {
       p->release();  // the interpreter is gone; nothing to drop
@@ -77,7 +78,7 @@ void installPythonHandler(Agent& agent, py::object handler) {
     const uint64_t id = request.id;
     Message response;
     {
-      py::gil_scoped_acquire gil;
+      Gil gil;
       try {
         py::tuple out = callPythonHandler(*fn, request, callerRank);
         if (out[0].cast<std::string>() == "async") {
@@ -87,7 +88,7 @@ void installPythonHandler(Agent& agent, py::object handler) {
           future->addCallback([id, worker, respond](c10::ivalue::Future& done) {
             Message late;
             {
-              py::gil_scoped_acquire gil;
+              Gil gil;
               try {
                 late = done.hasError() ? bridgeFailure(id, done.tryRetrieveErrorMessage(), worker)
                                        : responseFrom(torch::jit::toPyObject(done.value()), id, worker);
@@ -112,7 +113,7 @@ void installScriptResolver(Agent& agent, py::object resolver) {
   auto fn = sharedPyObject(std::move(resolver));
   agent.registry().setResolver(
       [fn](const std::string& name, const std::string& hint) -> std::shared_ptr<script_dispatch::Callee> {
-        py::gil_scoped_acquire gil;
+        Gil gil;
         try {
           py::object found = (*fn)(name, hint);
           if (found.is_none()) return nullptr;

@@ -1,0 +1,52 @@
+#include "python_fallback/gil.h"
+
+#include <mutex>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace torchrpc::python_fallback {
+
+namespace {
+
+std::mutex graveyardMutex;
+std::vector<PyThreadState*>& graveyard() {
+  static auto* states = new std::vector<PyThreadState*>();  // never destroyed: threads exit late
+  return *states;
+}
+
+// One per thread, made by the thread's first Gil.
+struct ThreadState {
+  PyThreadState* state = nullptr;
+
+  ThreadState() {
+    if (PyGILState_GetThisThreadState() != nullptr) return;  // the thread has one already
+    py::gil_scoped_acquire gil;
+    gil.inc_ref();  // the acquire made the state; this keeps it past the release
+    state = PyThreadState_Get();
+  }
+
+  ~ThreadState() {
+    if (state == nullptr) return;
+    std::lock_guard<std::mutex> lock(graveyardMutex);
+    graveyard().push_back(state);
+  }
+};
+
+}  // namespace
+
+void keepThreadState() { thread_local ThreadState kept; }
+
+void reapThreadStates() {
+  std::vector<PyThreadState*> states;
+  {
+    std::lock_guard<std::mutex> lock(graveyardMutex);
+    states.swap(graveyard());
+  }
+  for (PyThreadState* state : states) {
+    PyThreadState_Clear(state);
+    PyThreadState_Delete(state);
+  }
+}
+
+}  // namespace torchrpc::python_fallback
