@@ -37,6 +37,14 @@ struct ThreadState {
 
 void keepThreadState() { thread_local ThreadState kept; }
 
+Gil::Gil() : outermost_(PyGILState_Check() == 0) {
+  if (outermost_ && PyErr_Occurred() != nullptr) PyErr_Clear();  // left by an earlier scope
+}
+
+Gil::~Gil() {
+  if (outermost_ && PyErr_Occurred() != nullptr) PyErr_Clear();  // nobody above us to handle it
+}
+
 void reapThreadStates() {
   std::vector<PyThreadState*> states;
   {

@@ -32,11 +32,19 @@ struct ThreadStateKept {
 };
 }  // namespace detail
 
+// An outermost Gil (the thread did not hold the GIL) starts and ends with no
+// Python error set: a kept thread state would otherwise carry an error that
+// an earlier scope left behind into the next Python call on that thread,
+// which then fails with SystemError (seen: the exception of a Python
+// autograd function that failed in a distributed backward pass stayed set). A
+// thread state made per acquire used to drop such errors with itself.
 class Gil : private detail::ThreadStateKept {
  public:
-  Gil() = default;
+  Gil();
+  ~Gil();
 
  private:
+  const bool outermost_;
   pybind11::gil_scoped_acquire acquire_;
 };
 

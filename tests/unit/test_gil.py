@@ -45,6 +45,7 @@ def test_a_pool_thread_keeps_its_python_state_between_calls(solo):
 
 
 def test_shutdown_deletes_the_thread_states_of_its_threads():
+    native().reap_thread_states()  # threads of earlier sessions in this process that exited since
     before = native()._thread_states_for_test()
     for _ in range(2):  # and a second session starts from the same count
         init_solo(4)
@@ -52,4 +53,5 @@ def test_shutdown_deletes_the_thread_states_of_its_threads():
         assert len([f.wait() for f in futs]) == 16
         assert native()._thread_states_for_test() > before  # pool and callback threads hold theirs
         torchrpc.shutdown()
-        assert native()._thread_states_for_test() == before
+        after = native()._thread_states_for_test()
+        assert after == before, f"{after - before} thread state(s) outlived shutdown"
