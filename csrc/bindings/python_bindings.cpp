@@ -32,6 +32,7 @@
 #include "rendezvous/rendezvous.h"
 #include "rref/rref_context.h"
 #include "script_dispatch/run_script.h"
+#include "transport/same_host.h"
 #include "worker/worker.h"
 
 namespace py = pybind11;
@@ -530,13 +531,14 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("optimizer_unregister", &torchrpc::optim::unregisterOptimizer);
 
-  m.def("_encode_frame", [](int type, uint64_t id, py::bytes payload, std::vector<at::Tensor> tensors) {
+  m.def("_encode_frame", [](int type, uint64_t id, py::bytes payload, std::vector<at::Tensor> tensors,
+                            uint64_t lendFrom) {
     torchrpc::Message msg{static_cast<torchrpc::MessageType>(type), id, std::string(payload), std::move(tensors)};
-    torchrpc::OutgoingFrame f = torchrpc::encodeFrame(std::move(msg));
+    torchrpc::OutgoingFrame f = torchrpc::encodeFrame(std::move(msg), lendFrom);
     std::string out = f.prefix;
     for (const auto& t : f.tensors) out.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
     return py::bytes(out);
-  });
+  }, py::arg("type"), py::arg("id"), py::arg("payload"), py::arg("tensors"), py::arg("lend_from") = 0);
   m.def("_parse_frames", [](py::bytes data, size_t chunk) {
     std::string bytes(data);
     torchrpc::FrameReader reader;
@@ -554,8 +556,11 @@ PYBIND11_MODULE(_C, m) {
       pos += n;
     }
     py::list messages;
-    for (auto& m : reader.takeMessages()) {
-      messages.append(py::make_tuple(static_cast<int>(m.type), m.id, py::bytes(m.payload), m.tensors));
+    for (auto& f : reader.takeFrames()) {
+      const auto& m = f.message;
+      py::list lent;
+      for (const auto& l : f.lent) lent.append(py::make_tuple(l.index, l.address));
+      messages.append(py::make_tuple(static_cast<int>(m.type), m.id, py::bytes(m.payload), m.tensors, lent));
     }
     return py::make_tuple(messages, reader.error(), reader.midFrame());
   });
@@ -573,6 +578,13 @@ PYBIND11_MODULE(_C, m) {
   });
 
   m.def("_receive_cache_bytes", &torchrpc::receive_buffers::cachedBytes);
+  m.def("_same_host_copied_bytes", &torchrpc::same_host::copiedBytes);
+  m.def("_same_host_offer", [] { return py::bytes(torchrpc::same_host::offer()); });
+  m.def("_same_host_verify", [](py::bytes offer) {
+    std::string why;
+    int pid = torchrpc::same_host::verify(offer, &why);
+    return py::make_tuple(pid, why);
+  });
 
   m.def("reap_thread_states", &torchrpc::python_fallback::reapThreadStates);
   // Test helper: how many Python thread states the interpreter holds.

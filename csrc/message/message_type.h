@@ -11,6 +11,12 @@ enum class MessageType : uint16_t {
   kHello = 1,    // first frame of a connection: the connector's rank and name
   kGoodbye = 2,  // orderly close: the sender shuts down, nothing more will come
 
+  // Same-host copy (5-7): see csrc/transport/same_host.h. Between the two
+  // ends of one connection only; they never reach the agent.
+  kLendOffer = 5,    // the sender's pid and where the peer can read proof of it
+  kLendAccept = 6,   // the receiver read the proof: tensors may be lent to it
+  kLendRelease = 7,  // the receiver copied the lent tensors of this many frames
+
   // Calls (10-29). Requests have a request id; responses echo it.
   kScriptCall = 10,   // TorchScript function by registered name (no GIL)
   kBuiltinCall = 11,  // operator by schema name, run through the dispatcher

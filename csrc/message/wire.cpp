@@ -14,6 +14,9 @@ const char* messageTypeName(MessageType t) {
   switch (t) {
     case MessageType::kHello: return "HELLO";
     case MessageType::kGoodbye: return "GOODBYE";
+    case MessageType::kLendOffer: return "LEND_OFFER";
+    case MessageType::kLendAccept: return "LEND_ACCEPT";
+    case MessageType::kLendRelease: return "LEND_RELEASE";
     case MessageType::kScriptCall: return "SCRIPT_CALL";
     case MessageType::kBuiltinCall: return "BUILTIN_CALL";
     case MessageType::kPythonCall: return "PYTHON_CALL";
@@ -100,7 +103,7 @@ int OutgoingFrame::fillIov(uint64_t offset, struct iovec* iov, int maxIov) const
   return used;
 }
 
-OutgoingFrame encodeFrame(Message&& message) {
+OutgoingFrame encodeFrame(Message&& message, uint64_t lendFrom) {
   OutgoingFrame frame;
   std::string desc;
   frame.tensors.reserve(message.tensors.size());
@@ -123,15 +126,21 @@ OutgoingFrame encodeFrame(Message&& message) {
                 "tensor #", i, " has ", t.dim(), " dimensions; at most ",
                 kMaxTensorDims, " are supported");
     at::Tensor c = t.detach().contiguous();
+    const bool lend = lendFrom > 0 && c.nbytes() >= lendFrom;
     appendPod(desc, static_cast<uint8_t>(c.scalar_type()));
     appendPod(desc, static_cast<uint8_t>(c.dim()));
-    appendPod(desc, static_cast<uint16_t>(0));
+    appendPod(desc, static_cast<uint16_t>(lend ? kTensorLent : 0));
     appendPod(desc, static_cast<uint32_t>(0));
     for (int64_t s : c.sizes()) {
       appendPod(desc, s);
     }
     appendPod(desc, static_cast<uint64_t>(c.nbytes()));
-    frame.tensors.push_back(std::move(c));
+    if (lend) {
+      appendPod(desc, reinterpret_cast<uint64_t>(c.data_ptr()));
+      frame.lent.push_back(std::move(c));
+    } else {
+      frame.tensors.push_back(std::move(c));
+    }
   }
   TORCH_CHECK(message.payload.size() <= kMaxPayloadBytes,
               "the pickled part of a message is ", message.payload.size(),
@@ -188,15 +197,16 @@ bool FrameReader::startPrefix() {
     return false;
   }
   uint64_t minDesc = 16ull * h.numTensors;
-  uint64_t maxDesc = (16ull + 8ull * kMaxTensorDims) * h.numTensors;
+  uint64_t maxDesc = (24ull + 8ull * kMaxTensorDims) * h.numTensors;  // a lent one has an address
   if (h.descLen < minDesc || h.descLen > maxDesc) {
     fail("descriptor length " + std::to_string(h.descLen) + " does not fit " +
          std::to_string(h.numTensors) + " tensors");
     return false;
   }
-  current_ = Message{};
-  current_.type = static_cast<MessageType>(h.type);
-  current_.id = h.id;
+  current_ = ReceivedFrame{};
+  current_.message.type = static_cast<MessageType>(h.type);
+  current_.message.id = h.id;
+  lent_.clear();
   prefix_.clear();
   prefix_.reserve(h.payloadLen + h.descLen);
   state_ = State::kPrefix;
@@ -208,7 +218,8 @@ bool FrameReader::parseDescriptors() {
   const char* p = prefix_.data() + header_.payloadLen;
   const char* end = prefix_.data() + prefix_.size();
   auto need = [&](size_t n) { return static_cast<size_t>(end - p) >= n; };
-  current_.tensors.reserve(header_.numTensors);
+  current_.message.tensors.reserve(header_.numTensors);
+  lent_.assign(header_.numTensors, false);
   for (uint32_t i = 0; i < header_.numTensors; ++i) {
     if (!need(8)) {
       fail("truncated descriptor of tensor #" + std::to_string(i));
@@ -216,7 +227,13 @@ bool FrameReader::parseDescriptors() {
     }
     uint8_t dtype = static_cast<uint8_t>(p[0]);
     uint8_t ndim = static_cast<uint8_t>(p[1]);
+    uint16_t flags;
+    std::memcpy(&flags, p + 2, 2);
     p += 8;
+    if ((flags & ~kTensorLent) != 0) {
+      fail("tensor #" + std::to_string(i) + " has unknown flags 0x" + c10::str(std::hex, flags));
+      return false;
+    }
     if (dtype >= static_cast<uint8_t>(c10::ScalarType::NumOptions) ||
         !supportedDtype(static_cast<c10::ScalarType>(dtype))) {
       fail("tensor #" + std::to_string(i) + " has unsupported dtype code " +
@@ -258,28 +275,45 @@ bool FrameReader::parseDescriptors() {
            " need " + std::to_string(expect));
       return false;
     }
-    current_.tensors.push_back(emptyForReceive(sizes, st, nbytes));
+    if (flags & kTensorLent) {
+      if (!need(8)) {
+        fail("truncated address of lent tensor #" + std::to_string(i));
+        return false;
+      }
+      uint64_t address;
+      std::memcpy(&address, p, 8);
+      p += 8;
+      if (address == 0 || nbytes == 0) {
+        fail("lent tensor #" + std::to_string(i) + " has no memory to copy (address " +
+             std::to_string(address) + ", " + std::to_string(nbytes) + " bytes)");
+        return false;
+      }
+      current_.lent.push_back({i, address});
+      lent_[i] = true;
+    }
+    current_.message.tensors.push_back(emptyForReceive(sizes, st, nbytes));
   }
   if (p != end) {
     fail("descriptor section has " + std::to_string(end - p) + " trailing bytes");
     return false;
   }
-  current_.payload.assign(prefix_.data(), header_.payloadLen);
+  current_.message.payload.assign(prefix_.data(), header_.payloadLen);
   prefix_.clear();
   prefix_.shrink_to_fit();
   return true;
 }
 
 void FrameReader::finishTensorOrFrame() {
-  // Skip tensors that are complete (including empty ones).
-  while (tensorIndex_ < current_.tensors.size() &&
-         filled_ >= current_.tensors[tensorIndex_].nbytes()) {
+  // Skip tensors that are complete (including empty and lent ones).
+  auto& tensors = current_.message.tensors;
+  while (tensorIndex_ < tensors.size() &&
+         (lent_[tensorIndex_] || filled_ >= tensors[tensorIndex_].nbytes())) {
     ++tensorIndex_;
     filled_ = 0;
   }
-  if (tensorIndex_ == current_.tensors.size()) {
+  if (tensorIndex_ == tensors.size()) {
     done_.push_back(std::move(current_));
-    current_ = Message{};
+    current_ = ReceivedFrame{};
     state_ = State::kHeader;
     filled_ = 0;
     tensorIndex_ = 0;
@@ -321,7 +355,7 @@ size_t FrameReader::consume(const char* data, size_t len) {
         break;
       }
       case State::kTensors: {
-        at::Tensor& t = current_.tensors[tensorIndex_];
+        at::Tensor& t = current_.message.tensors[tensorIndex_];
         size_t n = std::min<uint64_t>(len - used, t.nbytes() - filled_);
         std::memcpy(static_cast<char*>(t.data_ptr()) + filled_, data + used, n);
         filled_ += n;
@@ -338,7 +372,7 @@ std::optional<std::pair<char*, size_t>> FrameReader::directReadRegion() {
   if (state_ != State::kTensors || !error_.empty()) {
     return std::nullopt;
   }
-  at::Tensor& t = current_.tensors[tensorIndex_];
+  at::Tensor& t = current_.message.tensors[tensorIndex_];
   return std::make_pair(static_cast<char*>(t.data_ptr()) + filled_,
                         static_cast<size_t>(t.nbytes() - filled_));
 }
@@ -348,8 +382,8 @@ void FrameReader::commitDirectRead(size_t n) {
   finishTensorOrFrame();
 }
 
-std::vector<Message> FrameReader::takeMessages() {
-  std::vector<Message> out;
+std::vector<ReceivedFrame> FrameReader::takeFrames() {
+  std::vector<ReceivedFrame> out;
   out.swap(done_);
   return out;
 }

@@ -5,10 +5,14 @@
 //   FrameHeader (32 bytes, little endian)
 //   payload                      payloadLen bytes
 //   tensor descriptors           descLen bytes: per tensor
-//                                  u8 dtype, u8 ndim, u16 0, u32 0,
-//                                  i64 sizes[ndim], u64 nbytes
+//                                  u8 dtype, u8 ndim, u16 flags, u32 0,
+//                                  i64 sizes[ndim], u64 nbytes,
+//                                  u64 address (lent tensors only)
 //   tensor data                  each tensor's nbytes, in order, contiguous
+//                                  (lent tensors have none here)
 //
+// A lent tensor (flags & kTensorLent) stays in the sender's memory at
+// `address`, and the receiver copies it from there (transport/same_host.h).
 // Sending writes the header+payload+descriptors from one buffer and each
 // tensor straight from its storage (writev, no copy). Receiving allocates each
 // tensor from its descriptor and reads its bytes straight into it. Every field
@@ -27,7 +31,8 @@
 namespace torchrpc {
 
 constexpr uint32_t kFrameMagic = 0x43505254;  // "TRPC"
-constexpr uint16_t kWireVersion = 1;
+constexpr uint16_t kWireVersion = 2;
+constexpr uint16_t kTensorLent = 1;  // descriptor flag
 constexpr uint64_t kMaxPayloadBytes = 1ull << 31;  // pickles above 2 GB: use tensors
 constexpr uint32_t kMaxTensorsPerFrame = 1u << 16;
 constexpr uint32_t kMaxTensorDims = 64;
@@ -50,15 +55,29 @@ static_assert(sizeof(FrameHeader) == 32, "FrameHeader is 32 bytes on the wire");
 struct OutgoingFrame {
   std::string prefix;               // header + payload + descriptors
   std::vector<at::Tensor> tensors;  // contiguous; kept alive until written
-  uint64_t totalBytes() const;
+  std::vector<at::Tensor> lent;     // kept alive until the peer released them
+  uint64_t totalBytes() const;      // what goes through the socket
   // Fills iov with the unwritten remainder, starting `offset` bytes in.
   // Returns the number of entries used (at most maxIov).
   int fillIov(uint64_t offset, struct iovec* iov, int maxIov) const;
 };
 
 // Builds the frame; non-contiguous tensors and views are made contiguous, so a
-// view sends only its own elements. Throws c10::Error on unsupported tensors.
-OutgoingFrame encodeFrame(Message&& message);
+// view sends only its own elements. Tensors of lendFrom bytes or more are
+// lent (0: none). Throws c10::Error on unsupported tensors.
+OutgoingFrame encodeFrame(Message&& message, uint64_t lendFrom = 0);
+
+// A lent tensor of a received frame: message.tensors[index] is allocated and
+// must be copied from `address` in the sender's memory.
+struct LentTensor {
+  size_t index;
+  uint64_t address;
+};
+
+struct ReceivedFrame {
+  Message message;
+  std::vector<LentTensor> lent;
+};
 
 // Incremental parser. Feed it bytes with consume(); it reads tensor data
 // straight into tensor storage through nextDirectRead() when a large tensor is
@@ -74,8 +93,8 @@ class FrameReader {
   std::optional<std::pair<char*, size_t>> directReadRegion();
   void commitDirectRead(size_t n);
 
-  // Completed messages, in order. Moves them out.
-  std::vector<Message> takeMessages();
+  // Completed frames, in order. Moves them out.
+  std::vector<ReceivedFrame> takeFrames();
   const std::string& error() const { return error_; }
   bool midFrame() const { return state_ != State::kHeader || filled_ != 0; }
 
@@ -90,9 +109,10 @@ class FrameReader {
   FrameHeader header_{};
   size_t filled_{0};       // bytes of the current section read so far
   std::string prefix_;     // payload + descriptors of the current frame
-  Message current_;
+  ReceivedFrame current_;
+  std::vector<bool> lent_;  // per tensor of the current frame: no bytes in the stream
   size_t tensorIndex_{0};
-  std::vector<Message> done_;
+  std::vector<ReceivedFrame> done_;
   std::string error_;
 };
 

@@ -6,9 +6,11 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 
 #include "common/error.h"
 #include "common/logging.h"
+#include "transport/same_host.h"
 
 namespace torchrpc {
 
@@ -18,6 +20,16 @@ constexpr size_t kDirectReadThreshold = 64 * 1024;
 constexpr size_t kMaxReadPerEvent = 64ull << 20;  // fairness between connections
 constexpr int kMaxIov = 64;
 std::atomic<uint64_t> nextConnectionId{1};
+
+bool unixSocket(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  return ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0 && addr.ss_family == AF_UNIX;
+}
+
+bool lendFrame(MessageType t) {
+  return t == MessageType::kLendOffer || t == MessageType::kLendAccept || t == MessageType::kLendRelease;
+}
 }  // namespace
 
 Connection::Connection(Loop& loop, int fd, std::string description, std::string workerName)
@@ -40,13 +52,62 @@ void Connection::start(OnMessage onMessage, OnClose onClose) {
   onMessage_ = std::move(onMessage);
   onClose_ = std::move(onClose);
   std::weak_ptr<Connection> weak = shared_from_this();
-  std::lock_guard<std::mutex> lock(mutex_);
-  token_ = loop_.add(fd_, EPOLLIN | EPOLLRDHUP, [weak](uint32_t events) {
-    if (auto self = weak.lock()) {
-      self->handleEventsFromLoop(events);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    token_ = loop_.add(fd_, EPOLLIN | EPOLLRDHUP, [weak](uint32_t events) {
+      if (auto self = weak.lock()) {
+        self->handleEventsFromLoop(events);
+      }
+    });
+    updateInterestLocked();
+  }
+  if (same_host::enabled() && unixSocket(fd_)) {
+    sendControl(MessageType::kLendOffer, same_host::offer());
+  }
+}
+
+void Connection::sendControl(MessageType type, std::string payload) {
+  std::string error;
+  Message m{type, 0, std::move(payload), {}};
+  // A closed connection has nothing left to agree on: the error needs no report.
+  (void)send(std::move(m), std::chrono::steady_clock::time_point::max(), &error);
+}
+
+void Connection::onLendFrame(const Message& m) {
+  if (m.type == MessageType::kLendOffer) {
+    if (!same_host::enabled()) return;  // TORCHRPC_SAME_HOST_COPY=0: neither lend nor borrow
+    std::string why;
+    int pid = same_host::verify(m.payload, &why);
+    if (pid < 0) {
+      TORCHRPC_DEBUG(workerName_, "tensors from " << description_ << " travel through the socket: " << why);
+      return;
     }
-  });
-  updateInterestLocked();
+    peerPid_ = pid;
+    sendControl(MessageType::kLendAccept, "");
+  } else if (m.type == MessageType::kLendAccept) {
+    lendFrom_.store(same_host::kMinBytes);
+  } else {  // kLendRelease: how many of the oldest lent frames the peer copied
+    uint64_t frames = 0;
+    if (m.payload.size() == sizeof(frames)) std::memcpy(&frames, m.payload.data(), sizeof(frames));
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (; frames > 0 && !lent_.empty(); --frames) {
+      for (const auto& t : lent_.front()) lentBytes_ -= t.nbytes();
+      lent_.pop_front();
+    }
+    drained_.notify_all();
+  }
+}
+
+std::string Connection::copyLent(ReceivedFrame& frame) {
+  if (peerPid_ < 0) {
+    return "the peer lent a tensor without a verified same-host offer";
+  }
+  for (const LentTensor& l : frame.lent) {
+    at::Tensor& t = frame.message.tensors[l.index];
+    std::string err = same_host::copy(peerPid_, l.address, t.data_ptr(), t.nbytes());
+    if (!err.empty()) return "could not copy lent tensor #" + std::to_string(l.index) + ": " + err;
+  }
+  return "";
 }
 
 bool Connection::closed() const {
@@ -56,7 +117,7 @@ bool Connection::closed() const {
 
 bool Connection::acceptsWithoutWaiting(uint64_t bytes) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return !closed_ && queuedBytes_ + bytes <= kMaxQueuedBytes / 2;
+  return !closed_ && queuedBytes_ + lentBytes_ + bytes <= kMaxQueuedBytes / 2;
 }
 
 void Connection::updateInterestLocked() {
@@ -93,7 +154,7 @@ std::string Connection::flushLocked() {
 bool Connection::send(Message&& message, std::chrono::steady_clock::time_point deadline,
                       std::string* error) {
   Pending p;
-  p.frame = encodeFrame(std::move(message));
+  p.frame = encodeFrame(std::move(message), lendFrom_.load());
   p.total = p.frame.totalBytes();
   std::string writeError;
   {
@@ -103,6 +164,10 @@ bool Connection::send(Message&& message, std::chrono::steady_clock::time_point d
       return false;
     }
     queuedBytes_ += p.total;
+    if (!p.frame.lent.empty()) {  // before the frame is written: the peer releases it after
+      for (const auto& t : p.frame.lent) lentBytes_ += t.nbytes();
+      lent_.push_back(std::move(p.frame.lent));
+    }
     queue_.push_back(std::move(p));
     if (queue_.size() == 1) {
       writeError = flushLocked();
@@ -110,10 +175,10 @@ bool Connection::send(Message&& message, std::chrono::steady_clock::time_point d
     if (writeError.empty()) {
       updateInterestLocked();
       if (!loop_.inLoop()) {
-        while (queuedBytes_ > kMaxQueuedBytes && !closed_) {
+        while (queuedBytes_ + lentBytes_ > kMaxQueuedBytes && !closed_) {
           if (drained_.wait_until(lock, deadline) == std::cv_status::timeout) {
-            *error = "the peer did not read " + std::to_string(queuedBytes_) +
-                     " queued bytes on " + description_ + " before the deadline";
+            *error = "the peer did not read " + std::to_string(queuedBytes_) + " queued and " +
+                     std::to_string(lentBytes_) + " lent bytes on " + description_ + " before the deadline";
             return false;
           }
         }
@@ -150,6 +215,8 @@ void Connection::closeFromLoop(const std::string& reason) {
     if (closeReason_.empty()) closeReason_ = reason;
     queue_.clear();
     queuedBytes_ = 0;
+    lent_.clear();
+    lentBytes_ = 0;
     drained_.notify_all();
   }
   if (token_ != 0) {
@@ -222,8 +289,26 @@ void Connection::readFromLoop() {
   }
   // Deliver what arrived completely before acting on a close.
   auto self = shared_from_this();
-  for (Message& m : reader_.takeMessages()) {
-    onMessage_(self, std::move(m));
+  uint64_t copiedFrames = 0;
+  for (ReceivedFrame& f : reader_.takeFrames()) {
+    if (lendFrame(f.message.type)) {
+      onLendFrame(f.message);
+      continue;
+    }
+    if (!f.lent.empty()) {
+      std::string err = copyLent(f);
+      if (!err.empty()) {
+        closeReason = err;
+        TORCHRPC_WARN(workerName_, "closing " << description_ << ": " << closeReason);
+        break;
+      }
+      ++copiedFrames;
+    }
+    onMessage_(self, std::move(f.message));
+  }
+  if (copiedFrames > 0) {
+    sendControl(MessageType::kLendRelease,
+                std::string(reinterpret_cast<const char*>(&copiedFrames), sizeof(copiedFrames)));
   }
   if (!closeReason.empty()) {
     closeFromLoop(closeReason);

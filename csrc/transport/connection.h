@@ -8,9 +8,13 @@
 // queued, so a small message costs no thread hop. The callbacks run on the loop
 // thread; onClose fires exactly once, also for a close() the agent asked for.
 //
-// Backpressure: while more than kMaxQueuedBytes wait to be written, send()
-// blocks its caller (never the loop thread) until the peer reads, the
-// connection closes, or the deadline passes.
+// Backpressure: while more than kMaxQueuedBytes wait to be written or to be
+// copied by the peer (lent), send() blocks its caller (never the loop thread)
+// until the peer reads, the connection closes, or the deadline passes.
+//
+// Same host: on a Unix socket the two ends lend each other large tensors
+// instead of writing them (transport/same_host.h); the frames that do this
+// (LEND_*) stay inside the connection.
 
 #include <sys/types.h>
 
@@ -74,6 +78,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // error text on a fatal write error, empty otherwise.
   std::string flushLocked();
   void updateInterestLocked();
+  // A connection control frame, from the loop or at start (never waits).
+  void sendControl(MessageType type, std::string payload);
+  // LEND_OFFER / LEND_ACCEPT / LEND_RELEASE from the peer. Loop thread.
+  void onLendFrame(const Message& m);
+  // Copies a frame's lent tensors from the peer; "" or the error. Loop thread.
+  std::string copyLent(ReceivedFrame& frame);
 
   Loop& loop_;
   const int fd_;
@@ -94,6 +104,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool closed_{false};
   std::string closeReason_;
   bool closeFired_{false};  // loop thread only
+
+  // Same-host copy (same_host.h).
+  std::atomic<uint64_t> lendFrom_{0};      // > 0 once the peer accepted our offer
+  std::deque<std::vector<at::Tensor>> lent_;  // per lent frame, oldest first; mutex_
+  uint64_t lentBytes_{0};                  // mutex_
+  int peerPid_{-1};                        // loop thread only: the peer's verified pid
 
   FrameReader reader_;  // loop thread only
   std::unique_ptr<char[]> readBuffer_;

@@ -65,9 +65,10 @@ class Cluster:
         world_size: number of workers, including this process.
         threads: num_worker_threads of every worker.
         rpc_timeout: default call timeout in seconds.
+        worker_env: {rank: {variable: value}}, extra environment of some workers.
     """
 
-    def __init__(self, world_size, *, init="tcp", threads=4, rpc_timeout=30.0, programs=None):
+    def __init__(self, world_size, *, init="tcp", threads=4, rpc_timeout=30.0, programs=None, worker_env=None):
         self.world_size = world_size
         self.names = [f"worker{r}" for r in range(world_size)]
         self.threads = threads
@@ -78,6 +79,7 @@ class Cluster:
         # rank -> function(port) giving the argv of a non-Python worker (it
         # shuts down gracefully by itself, so it gets no stop request)
         self.programs = programs or {}
+        self.worker_env = worker_env or {}  # rank -> extra environment of that worker
         port = free_port()
         self.port = port
         # how this process joins (init_rpc keyword arguments), and how workers do
@@ -121,7 +123,8 @@ class Cluster:
             else:
                 cmd = worker_command(rank, self.world_size, self.init_method or "env://",
                                      threads=self.threads, extra=self.worker_args)
-            self.procs[rank] = spawn(cmd, self.log_path(rank), env=dict(self.env, RANK=str(rank)))
+            self.procs[rank] = spawn(cmd, self.log_path(rank),
+                                     env=dict(self.env, RANK=str(rank), **self.worker_env.get(rank, {})))
         try:
             with _environment(self.env):
                 rpc.init_rpc("worker0", rank=0, world_size=self.world_size,

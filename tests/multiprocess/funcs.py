@@ -246,6 +246,11 @@ def _thread_name(tid):
         return f.read().strip()
 
 
+def same_host_copied_bytes():
+    """Bytes this worker copied from its peers' memory (csrc/transport/same_host)."""
+    return native()._same_host_copied_bytes()
+
+
 def thread_names():
     """The names of this process's threads."""
     return {_thread_name(tid) for tid in os.listdir("/proc/self/task")}

@@ -14,6 +14,7 @@ from tests.multiprocess.cluster import Cluster
 
 MAGIC = 0x43505254
 HELLO = 1
+WIRE_VERSION = 2  # message/wire.h kWireVersion
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ def _worker1_tcp_address():
     return host, int(port)
 
 
-def _header(type_, payload_len, num_tensors=0, desc_len=0, magic=MAGIC, version=1):
+def _header(type_, payload_len, num_tensors=0, desc_len=0, magic=MAGIC, version=WIRE_VERSION):
     return struct.pack("<IHHQQII", magic, version, type_, 0, payload_len, num_tensors, desc_len)
 
 

@@ -17,12 +17,20 @@ HEADER = struct.Struct("<IHHQQII")  # magic, version, type, id, payloadLen, numT
 MAGIC = 0x43505254
 
 
-def frame(payload=b"", tensors=(), type_=SCRIPT_RET, id_=7):
-    return C._encode_frame(type_, id_, payload, list(tensors))
+def frame(payload=b"", tensors=(), type_=SCRIPT_RET, id_=7, lend_from=0):
+    return C._encode_frame(type_, id_, payload, list(tensors), lend_from)
+
+
+def parse_with_lent(data, chunk=1 << 20):
+    """(messages as (type, id, payload, tensors, lent), error, mid-frame)."""
+    return C._parse_frames(data, chunk)
 
 
 def parse(data, chunk=1 << 20):
-    return C._parse_frames(data, chunk)
+    """(messages as (type, id, payload, tensors), error, mid-frame): no lent tensors."""
+    messages, error, mid = parse_with_lent(data, chunk)
+    assert all(not m[4] for m in messages)
+    return [m[:4] for m in messages], error, mid
 
 
 ALL_DTYPES = [
@@ -146,3 +154,32 @@ def test_large_received_tensors_reuse_freed_memory_never_live_memory():
     c[n:] = 3.0
     assert torch.equal(c[:n], torch.full((n,), 1.0)) and bool((c[n:] == 3.0).all())
     del b, c, d
+
+
+# ---- lent tensors (transport/same_host.h) -------------------------------------
+
+def test_lent_tensors_travel_as_their_address():
+    big, small = torch.arange(100_000.0), torch.ones(3)  # 400 KB and 12 bytes
+    data = frame(b"p", [big, small], lend_from=256 << 10)
+    assert len(data) == len(frame(b"p", [torch.empty(100_000), small], lend_from=1 << 30)) - big.nbytes + 8
+    [(_, _, payload, (got_big, got_small), lent)], error, mid = parse_with_lent(data, chunk=5)
+    assert error == "" and not mid and payload == b"p"
+    assert lent == [(0, big.data_ptr())]  # the receiver copies it from there
+    assert got_big.shape == big.shape and got_big.dtype == big.dtype
+    assert torch.equal(got_small, small)
+    # below the threshold everything is written into the frame
+    [(_, _, _, (whole, _), lent)], _, _ = parse_with_lent(frame(b"p", [big, small], lend_from=1 << 30))
+    assert lent == [] and torch.equal(whole, big)
+
+
+def test_bad_lent_descriptors_are_rejected():
+    good = bytearray(frame(b"", [torch.ones(1 << 16)], lend_from=1))
+    off = descriptor_offset(0)
+    cases = []
+    bad = bytearray(good); struct.pack_into("<H", bad, off + 2, 6); cases.append((bad, "unknown flags 0x6"))
+    bad = bytearray(good); struct.pack_into("<Q", bad, off + 24, 0); cases.append((bad, "no memory to copy"))
+    short = bytearray(good[:-8]); struct.pack_into("<I", short, 28, HEADER.unpack(good[:32])[6] - 8)
+    cases.append((short, "truncated address of lent tensor #0"))
+    for data, message in cases:
+        messages, error, _ = parse_with_lent(bytes(data))
+        assert messages == [] and message in error, (message, error)
