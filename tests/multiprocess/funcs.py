@@ -251,6 +251,11 @@ def same_host_copied_bytes():
     return native()._same_host_copied_bytes()
 
 
+def verify_same_host_offer(offer):
+    """(pid, "") if this worker can read the memory of the process that made `offer`, else (-1, why)."""
+    return native()._same_host_verify(offer)
+
+
 def thread_names():
     """The names of this process's threads."""
     return {_thread_name(tid) for tid in os.listdir("/proc/self/task")}
