@@ -587,12 +587,7 @@ PYBIND11_MODULE(_C, m) {
   });
 
   m.def("reap_thread_states", &torchrpc::python_fallback::reapThreadStates);
-  // Test helper: how many Python thread states the interpreter holds.
-  m.def("_thread_states_for_test", [] {
-    size_t n = 0;
-    for (auto* t = PyInterpreterState_ThreadHead(PyThreadState_Get()->interp); t != nullptr; t = PyThreadState_Next(t)) ++n;
-    return n;
-  });
+  m.def("_kept_thread_states", &torchrpc::python_fallback::keptThreadStates);
   // Test helper: holds the GIL (never releasing it) for `seconds`, so tests can
   // prove that script calls on this worker complete without it.
   m.def("_hold_gil_for_test", [](double seconds) {

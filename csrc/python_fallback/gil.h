@@ -17,6 +17,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cstddef>
+
 namespace torchrpc::python_fallback {
 
 // Gives this thread a Python thread state that lives as long as the thread
@@ -25,6 +27,9 @@ void keepThreadState();
 
 // Deletes the thread states of torchrpc threads that have exited. Needs the GIL.
 void reapThreadStates();
+
+// Thread states kept for torchrpc threads and not deleted yet (for tests).
+size_t keptThreadStates();
 
 namespace detail {
 struct ThreadStateKept {

@@ -52,6 +52,7 @@ void Connection::start(OnMessage onMessage, OnClose onClose) {
   onMessage_ = std::move(onMessage);
   onClose_ = std::move(onClose);
   std::weak_ptr<Connection> weak = shared_from_this();
+  offered_ = same_host::enabled() && unixSocket(fd_);  // before the loop can read an answer
   {
     std::lock_guard<std::mutex> lock(mutex_);
     token_ = loop_.add(fd_, EPOLLIN | EPOLLRDHUP, [weak](uint32_t events) {
@@ -61,9 +62,7 @@ void Connection::start(OnMessage onMessage, OnClose onClose) {
     });
     updateInterestLocked();
   }
-  if (same_host::enabled() && unixSocket(fd_)) {
-    sendControl(MessageType::kLendOffer, same_host::offer());
-  }
+  if (offered_) sendControl(MessageType::kLendOffer, same_host::offer());
 }
 
 void Connection::sendControl(MessageType type, std::string payload) {
@@ -85,7 +84,7 @@ void Connection::onLendFrame(const Message& m) {
     peerPid_ = pid;
     sendControl(MessageType::kLendAccept, "");
   } else if (m.type == MessageType::kLendAccept) {
-    lendFrom_.store(same_host::kMinBytes);
+    if (offered_) lendFrom_.store(same_host::kMinBytes);  // never on TCP, whatever the peer says
   } else {  // kLendRelease: how many of the oldest lent frames the peer copied
     uint64_t frames = 0;
     if (m.payload.size() == sizeof(frames)) std::memcpy(&frames, m.payload.data(), sizeof(frames));
