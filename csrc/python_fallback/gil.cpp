@@ -10,7 +10,7 @@ namespace torchrpc::python_fallback {
 
 namespace {
 
-std::atomic<size_t> kept{0};  // made by ThreadState and not deleted yet
+std::atomic<size_t> keptCount{0};  // made by ThreadState and not deleted yet
 std::mutex graveyardMutex;
 std::vector<PyThreadState*>& graveyard() {
   static auto* states = new std::vector<PyThreadState*>();  // never destroyed: threads exit late
@@ -26,7 +26,7 @@ struct ThreadState {
     py::gil_scoped_acquire gil;
     gil.inc_ref();  // the acquire made the state; this keeps it past the release
     state = PyThreadState_Get();
-    kept.fetch_add(1);
+    keptCount.fetch_add(1);
   }
 
   ~ThreadState() {
@@ -58,9 +58,9 @@ void reapThreadStates() {
     PyThreadState_Clear(state);
     PyThreadState_Delete(state);
   }
-  kept.fetch_sub(states.size());
+  keptCount.fetch_sub(states.size());
 }
 
-size_t keptThreadStates() { return kept.load(); }
+size_t keptThreadStates() { return keptCount.load(); }
 
 }  // namespace torchrpc::python_fallback
