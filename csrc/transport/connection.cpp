@@ -72,29 +72,39 @@ void Connection::sendControl(MessageType type, std::string payload) {
   (void)send(std::move(m), std::chrono::steady_clock::time_point::max(), &error);
 }
 
-void Connection::onLendFrame(const Message& m) {
+std::string Connection::onLendFrame(const Message& m) {
+  // Only a connection that offered (a Unix socket, lending on) takes part:
+  // on TCP, whatever the peer sends, nothing is read from any process here.
   if (m.type == MessageType::kLendOffer) {
-    if (!same_host::enabled()) return;  // TORCHRPC_SAME_HOST_COPY=0: neither lend nor borrow
+    if (!offered_) return "";
     std::string why;
     int pid = same_host::verify(m.payload, &why);
     if (pid < 0) {
       TORCHRPC_DEBUG(workerName_, "tensors from " << description_ << " travel through the socket: " << why);
-      return;
+      return "";
     }
     peerPid_ = pid;
     sendControl(MessageType::kLendAccept, "");
   } else if (m.type == MessageType::kLendAccept) {
-    if (offered_) lendFrom_.store(same_host::kMinBytes);  // never on TCP, whatever the peer says
+    if (offered_) lendFrom_.store(same_host::kMinBytes);
   } else {  // kLendRelease: how many of the oldest lent frames the peer copied
     uint64_t frames = 0;
-    if (m.payload.size() == sizeof(frames)) std::memcpy(&frames, m.payload.data(), sizeof(frames));
+    if (m.payload.size() != sizeof(frames)) {
+      return "malformed frame: LEND_RELEASE payload of " + std::to_string(m.payload.size()) + " bytes";
+    }
+    std::memcpy(&frames, m.payload.data(), sizeof(frames));
     std::lock_guard<std::mutex> lock(mutex_);
-    for (; frames > 0 && !lent_.empty(); --frames) {
+    if (frames > lent_.size()) {
+      return "malformed frame: LEND_RELEASE of " + std::to_string(frames) + " frames; " +
+             std::to_string(lent_.size()) + " were lent";
+    }
+    for (; frames > 0; --frames) {
       for (const auto& t : lent_.front()) lentBytes_ -= t.nbytes();
       lent_.pop_front();
     }
     drained_.notify_all();
   }
+  return "";
 }
 
 std::string Connection::copyLent(ReceivedFrame& frame) {
@@ -290,20 +300,20 @@ void Connection::readFromLoop() {
   auto self = shared_from_this();
   uint64_t copiedFrames = 0;
   for (ReceivedFrame& f : reader_.takeFrames()) {
-    if (lendFrame(f.message.type)) {
-      onLendFrame(f.message);
-      continue;
+    const bool control = lendFrame(f.message.type);
+    std::string err;
+    if (control) {
+      err = onLendFrame(f.message);
+    } else if (!f.lent.empty()) {
+      err = copyLent(f);
+      if (err.empty()) ++copiedFrames;
     }
-    if (!f.lent.empty()) {
-      std::string err = copyLent(f);
-      if (!err.empty()) {
-        closeReason = err;
-        TORCHRPC_WARN(workerName_, "closing " << description_ << ": " << closeReason);
-        break;
-      }
-      ++copiedFrames;
+    if (!err.empty()) {
+      closeReason = err;
+      TORCHRPC_WARN(workerName_, "closing " << description_ << ": " << closeReason);
+      break;
     }
-    onMessage_(self, std::move(f.message));
+    if (!control) onMessage_(self, std::move(f.message));
   }
   if (copiedFrames > 0) {
     sendControl(MessageType::kLendRelease,

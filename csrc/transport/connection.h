@@ -80,8 +80,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void updateInterestLocked();
   // A connection control frame, from the loop or at start (never waits).
   void sendControl(MessageType type, std::string payload);
-  // LEND_OFFER / LEND_ACCEPT / LEND_RELEASE from the peer. Loop thread.
-  void onLendFrame(const Message& m);
+  // LEND_OFFER / LEND_ACCEPT / LEND_RELEASE from the peer; "" or why the
+  // connection must close. Loop thread.
+  std::string onLendFrame(const Message& m);
   // Copies a frame's lent tensors from the peer; "" or the error. Loop thread.
   std::string copyLent(ReceivedFrame& frame);
 
@@ -106,7 +107,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool closeFired_{false};  // loop thread only
 
   // Same-host copy (same_host.h).
-  bool offered_{false};                    // set in start(): a Unix socket, lending on; we offered
+  bool offered_{false};                    // set in start(): a Unix socket, lending on: we offered
   std::atomic<uint64_t> lendFrom_{0};      // > 0 once the peer accepted our offer
   std::deque<std::vector<at::Tensor>> lent_;  // per lent frame, oldest first; mutex_
   uint64_t lentBytes_{0};                  // mutex_

@@ -14,6 +14,7 @@ from tests.multiprocess.cluster import Cluster
 
 MAGIC = 0x43505254
 HELLO = 1
+LEND_RELEASE = 7  # transport/same_host.h: the connection's own frame
 WIRE_VERSION = 2  # message/wire.h kWireVersion
 
 
@@ -70,7 +71,8 @@ def _header(type_, payload_len, num_tensors=0, desc_len=0, magic=MAGIC, version=
     (_header(HELLO, 1 << 62), "payload"),
     (_header(HELLO, 8, num_tensors=1 << 30), "tensor"),
     (_header(999, 0), "type"),
-], ids=["not-torchrpc", "huge-payload", "too-many-tensors", "unknown-type"])
+    (_header(LEND_RELEASE, 3) + b"abc", "lend_release"),
+], ids=["not-torchrpc", "huge-payload", "too-many-tensors", "unknown-type", "bad-lend-release"])
 def test_malformed_frame_closes_only_that_connection(job, garbage, reason):
     before = job.log(1).count("malformed frame")
     with socket.create_connection(_worker1_tcp_address(), timeout=10) as s:
