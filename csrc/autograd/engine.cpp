@@ -4,8 +4,11 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <atomic>
 #include <map>
+#include <mutex>
 #include <set>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "autograd/autograd_messages.h"
@@ -50,6 +53,121 @@ FuturePtr whenAll(std::vector<FuturePtr> futures) {
   return result;
 }
 
+std::atomic<uint64_t> endedByReports{0}, endedByResponses{0};
+
+// ---- termination at the root ------------------------------------------------
+//
+// The root's backward() completes when every pass it caused is done. Each pass
+// reports {its id, the ids of the passes its messages start} to the root (see
+// engine.h). The root's Tracker notes, per pass id, "started" (a report named
+// it as a child, or the root sent it) and "done" (its own report, or the
+// response to the root's message). All passes are done when no id has exactly
+// one of the two: a pass not done has an ancestor that is started but not
+// done, whatever order the reports arrive in.
+class Tracker {
+ public:
+  explicit Tracker(int64_t rootPass) : future(c10::make_intrusive<c10::ivalue::Future>(c10::NoneType::get())) {
+    note(rootPass, kStarted);
+  }
+
+  void report(const PassReport& r) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      note(r.passId, kDone);
+      for (int64_t c : r.children) note(c, kStarted);
+      if (open_ != 0) return;
+    }
+    finish(/*byReports=*/true);
+  }
+
+  // Ends the backward (once: reports and responses race to it).
+  void finish(bool byReports) {
+    if (ended_.exchange(true)) return;
+    (byReports ? endedByReports : endedByResponses).fetch_add(1);
+    future->markCompleted(c10::IValue());
+  }
+  void fail(std::exception_ptr error) {
+    if (!ended_.exchange(true)) future->setError(std::move(error));
+  }
+
+  const FuturePtr future;
+
+ private:
+  static constexpr uint8_t kStarted = 1, kDone = 2;
+  void note(int64_t pass, uint8_t flag) {
+    uint8_t& state = passes_[pass];
+    const bool wasOpen = state == kStarted || state == kDone;
+    state |= flag;
+    const bool isOpen = state == kStarted || state == kDone;
+    open_ += static_cast<int>(isOpen) - static_cast<int>(wasOpen);
+  }
+
+  std::mutex mutex_;
+  std::unordered_map<int64_t, uint8_t> passes_;
+  int open_{0};
+  std::atomic<bool> ended_{false};
+};
+
+// The root's open backward() calls, by backward id.
+struct Trackers {
+  std::mutex mutex;
+  std::unordered_map<int64_t, std::shared_ptr<Tracker>> byId;
+  std::atomic<int64_t> nextId{0};
+
+  static Trackers& get() {
+    static Trackers instance;
+    return instance;
+  }
+
+  std::shared_ptr<Tracker> find(int64_t id) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = byId.find(id);
+    return it == byId.end() ? nullptr : it->second;
+  }
+};
+
+// Reports of a backward that already ended (done, or failed) are dropped.
+void reportToTracker(int64_t backwardId, const PassReport& report) {
+  if (auto t = Trackers::get().find(backwardId)) t->report(report);
+}
+
+// Unique within a backward: the rank of the worker that sends the message,
+// and a count.
+int64_t nextPassId(int rank) {
+  static std::atomic<int64_t> count{0};
+  return (static_cast<int64_t>(rank) << 40) | (count.fetch_add(1) & ((int64_t{1} << 40) - 1));
+}
+
+// The pass being run: which backward it belongs to, and who asked for it.
+struct PassInfo {
+  int rootRank{-1};
+  int64_t backwardId{-1};
+  int64_t passId{-1};
+  int callerRank{-1};  // the worker whose message started it (the root for the root's pass)
+};
+
+// Tells the root that `pass` is done (see runPass), unless the pass's response
+// will: it answers the root and started nothing.
+void reportPass(Agent& agent, const PassInfo& pass, const PassReport& report) {
+  const bool startedAny = !report.children.empty();
+  const int self = agent.options().rank;
+  if (self == pass.rootRank) {
+    reportToTracker(pass.backwardId, report);
+    return;
+  }
+  if (pass.callerRank == pass.rootRank && !startedAny) return;
+  auto f = agent.send(pass.rootRank, passDoneMessage(pass.backwardId, report),
+                      agent.options().defaultTimeoutSeconds, "distributed backward",
+                      "pass report of context backward " + std::to_string(pass.backwardId));
+  const std::string worker = agent.options().name;
+  f->addCallback([worker](c10::ivalue::Future& done) {
+    // The root still learns of the end through the responses; only later.
+    if (done.hasError()) {
+      TORCHRPC_DEBUG(worker, "a distributed backward's pass report failed: " << done.tryRetrieveErrorMessage());
+    }
+  });
+}
+
 // The edges whose gradients a pass from `roots` must capture: leaves
 // (AccumulateGrad) and receive nodes. The engine runs only the nodes on
 // paths to them.
@@ -78,11 +196,19 @@ torch::autograd::edge_list outputsOf(const torch::autograd::edge_list& roots) {
 
 // One local pass: accumulates the leaves' gradients into ctx and sends the
 // receive nodes' gradients to their senders.
+//
+// Then it reports to the root: on the root itself, straight to its Tracker;
+// else inside the last message it sends to the root, or, when it sends none,
+// in an AUTOGRAD_PASS_DONE; a pass that the root asked for and that sends
+// nothing reports with its response.
 FuturePtr runPass(Agent& agent, const std::shared_ptr<Context>& ctx,
                   const torch::autograd::edge_list& roots, const torch::autograd::variable_list& grads,
-                  bool keepGraph, bool retainGraph) {
+                  bool keepGraph, bool retainGraph, const PassInfo& pass) {
   auto outputs = outputsOf(roots);
-  if (outputs.empty()) return completed();
+  if (outputs.empty()) {
+    reportPass(agent, pass, {pass.passId, {}});
+    return completed();
+  }
   torch::autograd::variable_list captured;
   {
     std::lock_guard<std::mutex> lock(ctx->passMutex());
@@ -106,13 +232,35 @@ FuturePtr runPass(Agent& agent, const std::shared_ptr<Context>& ctx,
     }
     entry.second[outputs[i].input_nr] = captured[i];
   }
+  const int self = agent.options().rank;
+  PassReport report{pass.passId, {}};
+  RecvRpcBackward* lastToRoot = nullptr;
+  for (auto& kv : toSend) {
+    report.children.push_back(nextPassId(self));
+    if (kv.first->src == pass.rootRank && self != pass.rootRank) lastToRoot = kv.first;
+  }
+  // The root hears of the children before any of them can answer.
+  if (self == pass.rootRank) reportToTracker(pass.backwardId, report);
   std::vector<FuturePtr> sent;
+  size_t i = 0;
   for (auto& kv : toSend) {
     RecvRpcBackward* recv = kv.first;
-    Message m = backwardMessage({ctx->id(), recv->sendId, retainGraph, std::move(kv.second.second)});
-    sent.push_back(agent.send(recv->src, std::move(m), agent.options().defaultTimeoutSeconds,
-                              "distributed backward", "context " + std::to_string(ctx->id())));
+    const int64_t child = report.children[i++];
+    BackwardRequest request{ctx->id(), recv->sendId, retainGraph, std::move(kv.second.second),
+                            pass.rootRank, pass.backwardId, child, std::nullopt};
+    if (recv == lastToRoot) request.report = report;
+    auto f = agent.send(recv->src, backwardMessage(std::move(request)),
+                        agent.options().defaultTimeoutSeconds, "distributed backward",
+                        "context " + std::to_string(ctx->id()));
+    if (self == pass.rootRank) {
+      // On the root, a response means that pass is done (and all it caused).
+      f->addCallback([backwardId = pass.backwardId, child](c10::ivalue::Future& done) {
+        if (!done.hasError()) reportToTracker(backwardId, {child, {}});
+      });
+    }
+    sent.push_back(std::move(f));
   }
+  if (self != pass.rootRank && lastToRoot == nullptr) reportPass(agent, pass, report);
   return whenAll(std::move(sent));
 }
 
@@ -141,10 +289,11 @@ void respondWhenDone(const FuturePtr& done, uint64_t id, const std::string& work
   });
 }
 
-void onBackward(Agent& agent, Message&& request, Agent::Responder respond) {
+void onBackward(Agent& agent, Message&& request, int callerRank, Agent::Responder respond) {
   const std::string& worker = agent.options().name;
   const uint64_t id = request.id;
   BackwardRequest r = parseBackward(std::move(request));
+  if (r.report) reportToTracker(r.backwardId, *r.report);
   auto ctx = Container::get().retrieve(r.contextId, worker);
   auto send = ctx->send(r.sendId);
   TORCH_CHECK(send, "distributed autograd context ", r.contextId, " on ", worker,
@@ -158,11 +307,12 @@ void onBackward(Agent& agent, Message&& request, Agent::Responder respond) {
     roots.emplace_back(send, static_cast<uint32_t>(i));
     inputs.push_back(std::move(*r.grads[i]));
   }
-  respondWhenDone(runPass(agent, ctx, roots, inputs, /*keepGraph=*/true, r.retainGraph), id, worker,
-                  std::move(respond));
+  PassInfo pass{r.rootRank, r.backwardId, r.passId, callerRank};
+  respondWhenDone(runPass(agent, ctx, roots, inputs, /*keepGraph=*/true, r.retainGraph, pass), id,
+                  worker, std::move(respond));
 }
 
-void onCleanup(Agent& agent, Message&& request, Agent::Responder respond) {
+void onCleanup(Agent& agent, Message&& request, int, Agent::Responder respond) {
   const int64_t contextId = parseCleanup(request);
   if (auto ctx = Container::get().release(contextId)) sendCleanup(agent, *ctx);
   respond(ivalueMessage(MessageType::kScriptRet, request.id, c10::IValue()));
@@ -175,11 +325,11 @@ void install(Agent& agent) {
   Container::get().setRank(agent.options().rank);
   agent.setInterceptor(std::make_shared<Recorder>(agent.options().rank, agent.options().name));
   Agent* a = &agent;  // handlers are owned by the agent: it outlives them
-  auto guarded = [a](void (*fn)(Agent&, Message&&, Agent::Responder), const char* what) {
-    return [a, fn, what](Message&& request, int, Agent::Responder respond) {
+  auto guarded = [a](void (*fn)(Agent&, Message&&, int, Agent::Responder), const char* what) {
+    return [a, fn, what](Message&& request, int callerRank, Agent::Responder respond) {
       const uint64_t id = request.id;
       try {
-        fn(*a, std::move(request), respond);
+        fn(*a, std::move(request), callerRank, respond);
       } catch (...) {
         respond(exceptionMessage(id, describeException(std::current_exception(), what, a->options().name)));
       }
@@ -187,6 +337,18 @@ void install(Agent& agent) {
   };
   agent.setHandler(MessageType::kAutogradBackward, guarded(&onBackward, kBackwardFunction));
   agent.setHandler(MessageType::kAutogradCleanup, guarded(&onCleanup, "release autograd context"));
+  // Reports are tiny and may end a backward(): answered on the I/O thread.
+  agent.setFastPath(MessageType::kAutogradPassDone, [a](const Message& request, const Agent::Responder& respond) {
+    try {
+      auto [backwardId, report] = parsePassDone(request);
+      reportToTracker(backwardId, report);
+      respond(ivalueMessage(MessageType::kScriptRet, request.id, c10::IValue()));
+    } catch (...) {
+      respond(exceptionMessage(request.id, describeException(std::current_exception(), "AUTOGRAD_PASS_DONE",
+                                                             a->options().name)));
+    }
+    return true;
+  });
 }
 
 FuturePtr backward(Agent& agent, int64_t contextId, const std::vector<at::Tensor>& roots,
@@ -206,7 +368,35 @@ FuturePtr backward(Agent& agent, int64_t contextId, const std::vector<at::Tensor
     edges.push_back(torch::autograd::impl::gradient_edge(r));
     grads.push_back(at::ones_like(r, LEGACY_CONTIGUOUS_MEMORY_FORMAT));
   }
-  return runPass(agent, ctx, edges, grads, retainGraph, retainGraph);
+  const int self = agent.options().rank;
+  PassInfo pass{self, Trackers::get().nextId.fetch_add(1), nextPassId(self), self};
+  auto tracker = std::make_shared<Tracker>(pass.passId);
+  {
+    auto& trackers = Trackers::get();
+    std::lock_guard<std::mutex> lock(trackers.mutex);
+    trackers.byId[pass.backwardId] = tracker;
+  }
+  FuturePtr result = tracker->future;
+  result->addCallback([backwardId = pass.backwardId](c10::ivalue::Future&) {
+    auto& trackers = Trackers::get();
+    std::lock_guard<std::mutex> lock(trackers.mutex);
+    trackers.byId.erase(backwardId);
+  });
+  // The responses still end the backward too: they carry the errors (a pass
+  // that fails or a worker that dies never reports).
+  runPass(agent, ctx, edges, grads, retainGraph, retainGraph, pass)
+      ->addCallback([tracker](c10::ivalue::Future& f) {
+        if (f.hasError()) {
+          tracker->fail(f.exception_ptr());
+        } else {
+          tracker->finish(/*byReports=*/false);
+        }
+      });
+  return result;
+}
+
+std::pair<uint64_t, uint64_t> backwardEndings() {
+  return {endedByReports.load(), endedByResponses.load()};
 }
 
 void releaseContext(Agent& agent, int64_t contextId) {

@@ -7,10 +7,22 @@
 // accumulate in the context (never in .grad); gradients that reach a
 // RecvRpcBackward go, in one AUTOGRAD_BACKWARD message per receive node, to
 // the worker that sent those tensors, which runs a local pass from the
-// matching SendRpcBackward the same way. Each message is answered once the
-// passes it caused are done everywhere, so backward() returns when the whole
-// distributed pass is. No thread waits: a pass runs to completion, sends,
-// and answers from the futures' callbacks.
+// matching SendRpcBackward the same way. No thread waits: a pass runs to
+// completion, sends, and answers from the futures' callbacks.
+//
+// When is the whole pass done? Every pass reports to the root (the worker
+// that called backward()) that it is done, and which passes its messages
+// started; the root returns once every pass it has heard of is done. A report
+// rides in the pass's last message to the root, or in the response when the
+// root asked for the pass and nothing else was sent, else it is an
+// AUTOGRAD_PASS_DONE of its own. In the split-RNN's ping-pong (root, ps,
+// root, ps) backward() returns on the fourth message instead of the sixth.
+//
+// Each message is also answered once the passes it caused are done
+// everywhere, as a chain of responses back to the root. That chain carries
+// the errors: a pass that fails or a worker that dies never reports, and the
+// response (or the dead connection) fails the call that started it, up to
+// backward().
 //
 // Each local pass is one Engine::execute(accumulate_grad=false, outputs =
 // the leaf and receive edges reachable from its roots). Passes started by
@@ -36,6 +48,10 @@ void install(Agent& agent);
 c10::intrusive_ptr<c10::ivalue::Future> backward(Agent& agent, int64_t contextId,
                                                  const std::vector<at::Tensor>& roots,
                                                  bool retainGraph);
+
+// How this process's backward() calls ended: {by the passes' reports, by the
+// chain of responses}. For tests.
+std::pair<uint64_t, uint64_t> backwardEndings();
 
 // Ends a context: drops it here and, without waiting, on every worker this
 // one called in it (which tell the workers they called, and so on).

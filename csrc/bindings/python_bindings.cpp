@@ -566,15 +566,35 @@ PYBIND11_MODULE(_C, m) {
   });
 
   // Distributed autograd's binary messages (autograd/autograd_messages.h).
+  // Test hooks: a report is (passId, [child pass ids]) or None.
+  using Report = std::optional<std::pair<int64_t, std::vector<int64_t>>>;
+  auto toReport = [](const std::optional<ag::PassReport>& r) -> Report {
+    if (!r) return std::nullopt;
+    return std::make_pair(r->passId, r->children);
+  };
   m.def("_encode_backward", [](int64_t contextId, int64_t sendId, bool retain,
-                               std::vector<std::optional<at::Tensor>> grads) {
-    auto msg = ag::backwardMessage({contextId, sendId, retain, std::move(grads)});
+                               std::vector<std::optional<at::Tensor>> grads, int32_t rootRank,
+                               int64_t backwardId, int64_t passId, Report report) {
+    ag::BackwardRequest r{contextId, sendId, retain, std::move(grads), rootRank, backwardId, passId, std::nullopt};
+    if (report) r.report = ag::PassReport{report->first, report->second};
+    auto msg = ag::backwardMessage(std::move(r));
     return py::make_tuple(py::bytes(msg.payload), msg.tensors);
-  });
-  m.def("_parse_backward", [](py::bytes payload, std::vector<at::Tensor> tensors) {
+  }, py::arg("context_id"), py::arg("send_id"), py::arg("retain"), py::arg("grads"),
+     py::arg("root") = 0, py::arg("backward_id") = 0, py::arg("pass_id") = 0, py::arg("report") = py::none());
+  m.def("_parse_backward", [toReport](py::bytes payload, std::vector<at::Tensor> tensors) {
     torchrpc::Message msg{torchrpc::MessageType::kAutogradBackward, 0, std::string(payload), std::move(tensors)};
     auto r = pythonErrors([&] { return ag::parseBackward(std::move(msg)); });
-    return py::make_tuple(r.contextId, r.sendId, r.retainGraph, r.grads);
+    return py::make_tuple(r.contextId, r.sendId, r.retainGraph, r.grads, r.rootRank, r.backwardId,
+                          r.passId, toReport(r.report));
+  });
+  m.def("_backward_endings", &ag::backwardEndings);
+  m.def("_encode_pass_done", [](int64_t backwardId, int64_t passId, std::vector<int64_t> children) {
+    return py::bytes(ag::passDoneMessage(backwardId, {passId, std::move(children)}).payload);
+  });
+  m.def("_parse_pass_done", [](py::bytes payload) {
+    torchrpc::Message msg{torchrpc::MessageType::kAutogradPassDone, 0, std::string(payload), {}};
+    auto [backwardId, report] = pythonErrors([&] { return ag::parsePassDone(msg); });
+    return py::make_tuple(backwardId, report.passId, report.children);
   });
 
   m.def("_receive_cache_bytes", &torchrpc::receive_buffers::cachedBytes);

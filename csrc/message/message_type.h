@@ -38,6 +38,7 @@ enum class MessageType : uint16_t {
   kAutogradRet = 51,      // the response to one: envelope + response
   kAutogradBackward = 52, // gradients for a send function, from the worker that received its tensors
   kAutogradCleanup = 53,  // a context is released: drop it and tell the workers it called
+  kAutogradPassDone = 54, // to the worker that called backward(): a pass is done, these it started
 };
 
 inline bool isRequest(MessageType t) {
@@ -45,7 +46,7 @@ inline bool isRequest(MessageType t) {
          t == MessageType::kPythonCall ||
          (t >= MessageType::kRemoteCall && t <= MessageType::kRRefChildAccept) ||
          t == MessageType::kAutogradCall || t == MessageType::kAutogradBackward ||
-         t == MessageType::kAutogradCleanup;
+         t == MessageType::kAutogradCleanup || t == MessageType::kAutogradPassDone;
 }
 
 inline bool isResponse(MessageType t) {

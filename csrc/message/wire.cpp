@@ -32,6 +32,7 @@ const char* messageTypeName(MessageType t) {
     case MessageType::kAutogradRet: return "AUTOGRAD_RET";
     case MessageType::kAutogradBackward: return "AUTOGRAD_BACKWARD";
     case MessageType::kAutogradCleanup: return "AUTOGRAD_CLEANUP";
+    case MessageType::kAutogradPassDone: return "AUTOGRAD_PASS_DONE";
   }
   return "UNKNOWN";
 }

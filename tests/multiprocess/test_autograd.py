@@ -13,6 +13,7 @@ import torch
 from torch.testing import assert_close
 
 import torchrpc as rpc
+from torchrpc._extension import native
 from tests.multiprocess import autograd_funcs as P
 from tests.multiprocess import funcs
 from tests.multiprocess.cluster import Cluster
@@ -134,6 +135,22 @@ def test_several_calls_between_the_same_pair_and_back_to_the_caller():
         for _ in range(3):
             ref = torch.sin(ref * w1)
         check(ctx, [x], ["worker1"], ref.sum(), [x, w1])
+
+
+def test_backward_returns_when_the_last_pass_reports():
+    """The split RNN's shape: the backward pass goes here -> worker1 -> here ->
+    worker1 -> here. backward() returns when the last pass reports to it, not
+    after the responses have travelled back along the chain, and every
+    gradient is in place by then."""
+    x = leaf(1)
+    with rpc.autograd.context() as ctx:
+        y = rpc.rpc_sync("worker1", P.mul_param, args=(x, "w"))
+        y = rpc.rpc_sync("worker1", P.mul_param, args=(torch.sin(y), "w"))
+        by_reports, by_responses = native()._backward_endings()
+        rpc.autograd.backward(ctx, [y.sum()])
+        assert native()._backward_endings() == (by_reports + 1, by_responses)
+        w1 = w_of("worker1")
+        check(ctx, [x], ["worker1"], (torch.sin(x * w1) * w1).sum(), [x, w1])
 
 
 def test_remote_and_to_here():
