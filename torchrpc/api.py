@@ -199,16 +199,14 @@ def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):
                     f"shutdown on {state.me.name}: {left} call(s) still pending after {timeout} s"
                 )
             else:
+                started = time.monotonic()
                 try:
                     state.rendezvous.barrier("shutdown", timeout)
                     failure = _release_rrefs(state, timeout)
                     state.rendezvous.barrier("rref-shutdown", timeout)
                     leaked = [o for o in state.rref_ctx.snapshot()["owners"] if o[1]]
                 except Exception as err:
-                    failure = errors.RpcTimeoutError(
-                        f"shutdown on {state.me.name}: not every worker reached shutdown within "
-                        f"{timeout} s ({err})"
-                    )
+                    failure = _barrier_failure(state, timeout, time.monotonic() - started, err)
     finally:
         state.agent.shutdown()
         state.rref_ctx.stop()
@@ -228,6 +226,20 @@ def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):
             ResourceWarning,
             stacklevel=2,
         )
+
+
+def _barrier_failure(state, timeout, waited, err):
+    """The error of a graceful shutdown whose meeting of all workers failed:
+    a timeout, or the store gone (its host exited) well before it."""
+    if waited < 0.9 * timeout:
+        host = f"rank 0 ({state.workers[0].name})"
+        return errors.PeerUnreachableError(
+            f"shutdown on {state.me.name}: the rendezvous store stopped answering after "
+            f"{waited:.2f} s ({err}). With tcp:// and env:// {host} hosts it, and it has "
+            f"probably exited without shutdown(); the other workers cannot meet. Shut them "
+            f"down with shutdown(graceful=False).")
+    return errors.RpcTimeoutError(
+        f"shutdown on {state.me.name}: not every worker reached shutdown within {timeout} s ({err})")
 
 
 def _release_rrefs(state, timeout):

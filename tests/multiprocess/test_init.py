@@ -101,3 +101,24 @@ def test_graceful_shutdown_timeout_names_what_is_missing():
             rpc.shutdown(graceful=True, timeout=1)
         assert time.monotonic() - started < 10
         assert not rpc.api._debug_info()["initialized"]
+
+
+def test_graceful_shutdown_says_when_the_store_host_is_gone(tmp_path):
+    # Here this process is rank 1: rank 0, which hosts the tcp:// store, exits
+    # without shutdown(). Meeting the others is then impossible, at once.
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    proc = spawn(worker_command(0, 2, init_method), tmp_path / "worker0.log")
+    try:
+        rpc.init_rpc("worker1", rank=1, world_size=2,
+                     rpc_backend_options=rpc.RpcOptions(init_method=init_method, init_timeout=60))
+        rpc.rpc_async("worker0", os._exit, args=(3,))
+        assert proc.wait(timeout=30) == 3
+        started = time.monotonic()
+        with pytest.raises(rpc.PeerUnreachableError,
+                           match=r"(?s)the rendezvous store stopped answering.*rank 0 \(worker0\) hosts it.*"
+                                 r"shutdown\(graceful=False\)"):
+            rpc.shutdown(graceful=True, timeout=30)
+        assert time.monotonic() - started < 10
+        assert not rpc.api._debug_info()["initialized"]
+    finally:
+        proc.kill()
