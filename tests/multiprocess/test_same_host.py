@@ -1,5 +1,5 @@
 """Same-host copy (csrc/transport/same_host): workers of one host lend each
-other tensors of 256 KB and more, and the receiver copies them once, straight
+other tensors of 64 KB and more, and the receiver copies them once, straight
 from the sender's memory. worker2 runs with TORCHRPC_SAME_HOST_COPY=0."""
 
 import pytest
@@ -43,6 +43,16 @@ def test_large_tensors_are_copied_once_from_the_senders_memory_both_ways(lending
         assert torch.equal(rpc.rpc_sync("worker1", fn, args=(x, y)), x + y)
     assert copied("worker1") - theirs == 4 * x.nbytes  # two arguments per call, lent
     assert copied() - mine == 2 * x.nbytes  # the results came back the same way
+
+
+def test_tensors_from_64_kb_are_lent_and_smaller_ones_written(lending):
+    # The threshold is same_host::kMinBytes.
+    at, below = torch.randn(16 * 1024), torch.randn(16 * 1024 - 1)  # 64 KB, 4 bytes less
+    theirs = copied("worker1")
+    assert rpc.rpc_sync("worker1", funcs.checksum, args=(at,)) == int(at.sum())
+    assert copied("worker1") - theirs == at.nbytes
+    assert rpc.rpc_sync("worker1", funcs.checksum, args=(below,)) == int(below.sum())
+    assert copied("worker1") - theirs == at.nbytes
 
 
 def test_lent_and_written_tensors_mix_in_one_message():
