@@ -158,7 +158,7 @@ void reportPass(Agent& agent, const PassInfo& pass, const PassReport& report) {
   if (pass.callerRank == pass.rootRank && !startedAny) return;
   auto f = agent.send(pass.rootRank, passDoneMessage(pass.backwardId, report),
                       agent.options().defaultTimeoutSeconds, "distributed backward",
-                      "pass report of context backward " + std::to_string(pass.backwardId));
+                      "report of backward #" + std::to_string(pass.backwardId));
   const std::string worker = agent.options().name;
   f->addCallback([worker](c10::ivalue::Future& done) {
     // The root still learns of the end through the responses; only later.
@@ -384,14 +384,20 @@ FuturePtr backward(Agent& agent, int64_t contextId, const std::vector<at::Tensor
   });
   // The responses still end the backward too: they carry the errors (a pass
   // that fails or a worker that dies never reports).
-  runPass(agent, ctx, edges, grads, retainGraph, retainGraph, pass)
-      ->addCallback([tracker](c10::ivalue::Future& f) {
-        if (f.hasError()) {
-          tracker->fail(f.exception_ptr());
-        } else {
-          tracker->finish(/*byReports=*/false);
-        }
-      });
+  FuturePtr responses;
+  try {
+    responses = runPass(agent, ctx, edges, grads, retainGraph, retainGraph, pass);
+  } catch (...) {
+    tracker->fail(std::current_exception());  // drops it from Trackers
+    throw;
+  }
+  responses->addCallback([tracker](c10::ivalue::Future& f) {
+    if (f.hasError()) {
+      tracker->fail(f.exception_ptr());
+    } else {
+      tracker->finish(/*byReports=*/false);
+    }
+  });
   return result;
 }
 
