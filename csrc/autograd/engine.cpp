@@ -124,6 +124,18 @@ struct Trackers {
     auto it = byId.find(id);
     return it == byId.end() ? nullptr : it->second;
   }
+
+  // Registers a new backward; it leaves the table when its future completes.
+  void add(int64_t id, const std::shared_ptr<Tracker>& tracker) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      byId[id] = tracker;
+    }
+    tracker->future->addCallback([this, id](c10::ivalue::Future&) {
+      std::lock_guard<std::mutex> lock(mutex);
+      byId.erase(id);
+    });
+  }
 };
 
 // Reports of a backward that already ended (done, or failed) are dropped.
@@ -240,7 +252,7 @@ FuturePtr runPass(Agent& agent, const std::shared_ptr<Context>& ctx,
     if (kv.first->src == pass.rootRank && self != pass.rootRank) lastToRoot = kv.first;
   }
   // The root hears of the children before any of them can answer.
-  if (self == pass.rootRank) reportToTracker(pass.backwardId, report);
+  if (self == pass.rootRank) reportPass(agent, pass, report);
   std::vector<FuturePtr> sent;
   size_t i = 0;
   for (auto& kv : toSend) {
@@ -371,17 +383,7 @@ FuturePtr backward(Agent& agent, int64_t contextId, const std::vector<at::Tensor
   const int self = agent.options().rank;
   PassInfo pass{self, Trackers::get().nextId.fetch_add(1), nextPassId(self), self};
   auto tracker = std::make_shared<Tracker>(pass.passId);
-  {
-    auto& trackers = Trackers::get();
-    std::lock_guard<std::mutex> lock(trackers.mutex);
-    trackers.byId[pass.backwardId] = tracker;
-  }
-  FuturePtr result = tracker->future;
-  result->addCallback([backwardId = pass.backwardId](c10::ivalue::Future&) {
-    auto& trackers = Trackers::get();
-    std::lock_guard<std::mutex> lock(trackers.mutex);
-    trackers.byId.erase(backwardId);
-  });
+  Trackers::get().add(pass.backwardId, tracker);
   // The responses still end the backward too: they carry the errors (a pass
   // that fails or a worker that dies never reports).
   FuturePtr responses;
@@ -398,7 +400,7 @@ FuturePtr backward(Agent& agent, int64_t contextId, const std::vector<at::Tensor
       tracker->finish(/*byReports=*/false);
     }
   });
-  return result;
+  return tracker->future;
 }
 
 std::pair<uint64_t, uint64_t> backwardEndings() {

@@ -18,7 +18,7 @@ thread_local bool unpickling = false;
 constexpr const char* kCustomClassPrefix = "__torch__.torch.classes.";
 
 // The type of a container's tag, parsed once per distinct tag: the TorchScript
-// parser took 2-3% of a tiny call's CPU, run for every message's dict or list.
+// parser took about 1% of a tiny call's CPU, run for every message's dict or list.
 // A few tags cover real traffic; past kMaxTags new ones are parsed each time.
 c10::TypePtr parsedTypeTag(const std::string& tag) {
   constexpr size_t kMaxTags = 256;
