@@ -50,6 +50,7 @@ size_t ThreadPool::busy() const {
 void ThreadPool::work() {
   initIntraOpThreads();
   bool lastTaskLong = false;  // this thread's last task ran for kLongTask or more
+  AdaptiveSpin spin;
   while (true) {
     std::function<void()> task;
     // One idle thread at a time spins for the next task (it saves the wake-up
@@ -69,7 +70,7 @@ void ThreadPool::work() {
     // cores.
     if (spinning_.fetch_add(1) == 0) {
       auto ready = [this] { return queued_.load() > 0 || stopping_; };
-      if (!spinUntil(ready) && lastTaskLong && running_.load() > 0) {
+      if (!spin.until(ready) && lastTaskLong && running_.load() > 0) {
         spinUntil([&] { return ready() || running_.load() == 0; }, kBusySpin);
       }
     }

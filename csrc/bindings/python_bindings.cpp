@@ -78,7 +78,8 @@ struct Call {
   py::tuple result() const {
     if (!future->completed()) {  // completion callbacks find it done: they keep the GIL
       py::gil_scoped_release nogil;
-      torchrpc::spinUntil([this] { return future->completed(); });
+      static thread_local torchrpc::AdaptiveSpin spin;  // this calling thread's waits
+      spin.until([this] { return future->completed(); });
       future->wait();
     }
     if (!future->hasError()) {

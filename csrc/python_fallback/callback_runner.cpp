@@ -59,8 +59,9 @@ void CallbackRunner::runOne(std::shared_ptr<py::object>& cb) {
 }
 
 void CallbackRunner::run(const std::shared_ptr<State>& state) {
+  AdaptiveSpin spin;
   while (true) {
-    spinUntil([&] { return state->queued.load() > 0; });
+    spin.until([&] { return state->queued.load() > 0; });
     std::deque<std::shared_ptr<py::object>> batch;
     {
       std::unique_lock<std::mutex> lock(state->mutex);

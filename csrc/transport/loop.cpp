@@ -97,11 +97,12 @@ void Loop::drainDeferred() {
 void Loop::run() {
   constexpr int kMaxEvents = 64;
   epoll_event events[kMaxEvents];
+  AdaptiveSpin spin;
   while (!stopping_.load()) {
     // Right after activity, poll for a little while before sleeping: the next
     // frame of a busy connection usually arrives within microseconds.
     int n = 0;
-    spinUntil([&] {
+    spin.until([&] {
       n = epoll_wait(epollFd_, events, kMaxEvents, 0);
       return n != 0;
     });

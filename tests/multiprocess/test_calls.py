@@ -273,6 +273,21 @@ def test_back_to_back_calls_reuse_one_warm_pool_thread():
     assert len(served) <= 2, f"20 sequential calls ran on {len(served)} pool threads"
 
 
+def test_waits_stop_polling_once_calls_are_long():
+    # In an autograd context a wait polls for up to 2 ms before it sleeps
+    # (csrc/common/spin.h): the caller's thread for the answer, its I/O thread
+    # for the next frame. Calls of 5 ms would burn ~4 ms of CPU each; after a
+    # few polls that ran out, those waits sleep at once.
+    with rpc.autograd.context():
+        for _ in range(4):
+            rpc.rpc_sync("worker1", funcs.sleep, args=(0.005,))
+        start = time.process_time()
+        for _ in range(32):
+            rpc.rpc_sync("worker1", funcs.sleep, args=(0.005,))
+        used = time.process_time() - start
+    assert used < 0.05, f"32 calls of 5 ms used {used * 1e3:.0f} ms of the caller's CPU"
+
+
 def test_future_api():
     fut = rpc.rpc_async("worker1", funcs.sleep, args=(0.2,))
     assert not fut.done()
