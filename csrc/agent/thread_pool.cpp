@@ -68,7 +68,8 @@ void ThreadPool::work() {
     // when the pool is idle. Callees of short calls (distributed autograd,
     // RRef traffic) keep the short spin: their callers' own threads need the
     // cores.
-    if (spinning_.fetch_add(1) == 0) {
+    const bool polled = spinning_.fetch_add(1) == 0;
+    if (polled) {
       auto ready = [this] { return queued_.load() > 0 || stopping_; };
       if (!spin.until(ready) && lastTaskLong && running_.load() > 0) {
         spinUntil([&] { return ready() || running_.load() == 0; }, kBusySpin);
@@ -95,6 +96,7 @@ void ThreadPool::work() {
       queued_.store(tasks_.size());
       ++running_;
     }
+    if (polled) spin.done();
     const auto started = std::chrono::steady_clock::now();
     try {
       task();

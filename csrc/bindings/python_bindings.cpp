@@ -79,8 +79,8 @@ struct Call {
     if (!future->completed()) {  // completion callbacks find it done: they keep the GIL
       py::gil_scoped_release nogil;
       static thread_local torchrpc::AdaptiveSpin spin;  // this calling thread's waits
-      spin.until([this] { return future->completed(); });
-      future->wait();
+      if (!spin.until([this] { return future->completed(); })) future->wait();
+      spin.done();
     }
     if (!future->hasError()) {
       return py::make_tuple(true, pyValue(future->value()));

@@ -55,29 +55,44 @@ bool spinUntil(Ready&& ready, std::chrono::microseconds budget = spinBudget()) {
   }
 }
 
-// One thread's wait site that learns whether polling pays. After kGiveUp
-// polls in a row ran out of budget, its waits are long (a CPU-bound callee,
-// a peer that calls rarely), so it sleeps at once, and it polls again on
-// every kProbe-th wait to notice when waits get short again. Polling through
-// a long wait only takes a core from threads that compute. A CPU-bound
-// script callee with 2 callers on 2 cores (each of whose calling and I/O
-// threads polled ~100 us per call of ~1.7 ms), interleaved A/B: 929-949 ->
-// 970-1000 calls/s; back-to-back calls and the training loop poll as before.
+// One thread's wait site that learns whether polling pays. until() polls
+// (or not); the site then sleeps if it must, and calls done() when its wait
+// is over. A wait is long when it lasted over kLongWait and over twice the
+// budget, so that no poll could have ended it. After kGiveUp long waits in a
+// row (a CPU-bound callee, a peer that calls rarely) the site sleeps at once,
+// until a wait is short again; polling through a long wait only takes a core
+// from threads that compute. A CPU-bound script callee with 2 callers on 2
+// cores (each caller's calling and I/O threads polled ~100 us per call of
+// ~1.7 ms), 3 interleaved A/B runs: 859-910 -> 944-981 calls/s; 1 caller
+// lost 2-4% (574-580 -> 556-570 calls/s).
+//
+// Why not "the poll ran out" as the test: when every site sleeps at once, a
+// round trip is several wake-ups long, longer than any poll, so no site would
+// ever learn that polling pays again (rref.rpc_sync().method() read 241 us
+// against 57 us after the benchmark's CPU-bound scenario).
 class AdaptiveSpin {
  public:
   template <typename Ready>
   bool until(Ready&& ready, std::chrono::microseconds budget = spinBudget()) {
-    if (misses_ >= kGiveUp && ++skipped_ % kProbe != 0) return ready();
-    const bool hit = spinUntil(ready, budget);
-    misses_ = hit ? 0 : std::min(misses_ + 1, kGiveUp);
+    start_ = std::chrono::steady_clock::now();
+    long_ = std::max<std::chrono::steady_clock::duration>(kLongWait, 2 * budget);
+    const bool hit = longWaits_ >= kGiveUp ? ready() : spinUntil(ready, budget);
+    if (hit) longWaits_ = 0;
     return hit;
+  }
+
+  // The wait that until() began is over (the site slept, or did not).
+  void done() {
+    const bool isLong = std::chrono::steady_clock::now() - start_ > long_;
+    longWaits_ = isLong ? std::min(longWaits_ + 1, kGiveUp) : 0;
   }
 
  private:
   static constexpr int kGiveUp = 3;
-  static constexpr unsigned kProbe = 16;
-  int misses_ = 0;
-  unsigned skipped_ = 0;
+  static constexpr std::chrono::milliseconds kLongWait{1};
+  int longWaits_ = 0;
+  std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::duration long_{};
 };
 
 }  // namespace torchrpc

@@ -66,6 +66,7 @@ void CallbackRunner::run(const std::shared_ptr<State>& state) {
     {
       std::unique_lock<std::mutex> lock(state->mutex);
       state->cv.wait(lock, [&] { return state->stopping || !state->queue.empty(); });
+      spin.done();
       if (state->queue.empty()) {  // stopping, nothing left
         state->stopped = true;
         state->exited.notify_all();

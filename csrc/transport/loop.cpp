@@ -107,6 +107,7 @@ void Loop::run() {
       return n != 0;
     });
     if (n == 0) n = epoll_wait(epollFd_, events, kMaxEvents, -1);
+    spin.done();
     if (n < 0) {
       if (errno == EINTR) continue;
       TORCHRPC_WARN(workerName_, errnoMessage("epoll_wait", errno) << "; event loop stops");

@@ -276,16 +276,16 @@ def test_back_to_back_calls_reuse_one_warm_pool_thread():
 def test_waits_stop_polling_once_calls_are_long():
     # In an autograd context a wait polls for up to 2 ms before it sleeps
     # (csrc/common/spin.h): the caller's thread for the answer, its I/O thread
-    # for the next frame. Calls of 5 ms would burn ~4 ms of CPU each; after a
-    # few polls that ran out, those waits sleep at once.
+    # for the next frame. Calls of 10 ms would burn ~4 ms of CPU each; after
+    # a few waits longer than twice that poll, those waits sleep at once.
     with rpc.autograd.context():
         for _ in range(4):
-            rpc.rpc_sync("worker1", funcs.sleep, args=(0.005,))
+            rpc.rpc_sync("worker1", funcs.sleep, args=(0.01,))
         start = time.process_time()
-        for _ in range(32):
-            rpc.rpc_sync("worker1", funcs.sleep, args=(0.005,))
+        for _ in range(24):
+            rpc.rpc_sync("worker1", funcs.sleep, args=(0.01,))
         used = time.process_time() - start
-    assert used < 0.05, f"32 calls of 5 ms used {used * 1e3:.0f} ms of the caller's CPU"
+    assert used < 0.05, f"24 calls of 10 ms used {used * 1e3:.0f} ms of the caller's CPU"
 
 
 def test_future_api():
