@@ -217,10 +217,18 @@ def _create_and_drop(rpc, to, x, n):
         rref.to_here()
 
 
+TRAIN_BLOCK = 20  # iterations per block of training(); see there
+
+
 def training(backend, ps, cfg):
     """One training iteration of tutorials/distributed_rnn.py's split model
     (embedding and decoder on `ps`, the LSTM here; SGD), against the same
     three modules trained in this process alone.
+
+    The local and the distributed iterations run in alternating blocks of
+    TRAIN_BLOCK, so that both see the same phases of a noisy machine (its
+    speed drifts by 10-30% within seconds); the first iteration of each
+    distributed block (its peer idle for the length of a local block) counts.
 
     Returns:
         {"local_ms", "iteration_ms", "forward_ms", "backward_ms", "step_ms":
@@ -250,11 +258,11 @@ def training(backend, ps, cfg):
         loss_of(dec(out)).backward()
         local_opt.step()
 
-    local = _measure.time_each(local_iteration, n, warmup)
     model = rnn.RNNModel(ps, sz["ntoken"], sz["ninp"], sz["nhid"], sz["nlayers"])
     opt = backend.optim.DistributedOptimizer(torch.optim.SGD, model.parameter_rrefs(), lr=0.01)
-    phases = {"forward": [], "backward": [], "step": [], "iteration": []}
-    for i in range(n + warmup):
+
+    def distributed_iteration():
+        """Seconds of (forward, backward, step, iteration)."""
         t0 = time.perf_counter()
         with backend.autograd.context() as ctx:
             logits, _ = model(tokens, (torch.zeros(hidden_shape), torch.zeros(hidden_shape)))
@@ -264,10 +272,18 @@ def training(backend, ps, cfg):
             t2 = time.perf_counter()
             opt.step(ctx)
             t3 = time.perf_counter()
-        t4 = time.perf_counter()
-        if i >= warmup:
-            for key, dt in (("forward", t1 - t0), ("backward", t2 - t1), ("step", t3 - t2),
-                            ("iteration", t4 - t0)):
+        return t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t0
+
+    for _ in range(warmup):
+        local_iteration()
+        distributed_iteration()
+    local = []
+    phases = {"forward": [], "backward": [], "step": [], "iteration": []}
+    for start in range(0, n, TRAIN_BLOCK):
+        count = min(TRAIN_BLOCK, n - start)
+        local += _measure.time_each(local_iteration, count, 0)
+        for _ in range(count):
+            for key, dt in zip(phases, distributed_iteration()):
                 phases[key].append(dt)
     out = {f"{k}_ms": _measure.summarize([s * 1e3 for s in v]) for k, v in phases.items()}
     out["local_ms"] = _measure.summarize([s * 1e3 for s in local])
