@@ -11,7 +11,7 @@
 //
 // TORCHRPC_SPIN_US sets the budget in microseconds (default 100; 0 disables).
 // Wait sites that come back often use AdaptiveSpin (below): a site whose
-// polls keep running out stops polling.
+// waits keep lasting far longer than its poll stops polling.
 //
 // Training budget. While this process takes part in a distributed autograd
 // context, the budget is TORCHRPC_SPIN_AUTOGRAD_US (default 2000). A training
