@@ -57,7 +57,7 @@ bool spinUntil(Ready&& ready, std::chrono::microseconds budget = spinBudget()) {
 
 // One thread's wait site that learns whether polling pays. until() polls
 // (or not); the site then sleeps if it must, and calls done() when its wait
-// is over. A wait is long when it lasted over kLongWait and over twice the
+// is over (always: done() is what learns). A wait is long when it lasted over kLongWait and over twice the
 // budget, so that no poll could have ended it. After kGiveUp long waits in a
 // row (a CPU-bound callee, a peer that calls rarely) the site sleeps at once,
 // until a wait is short again; polling through a long wait only takes a core
@@ -74,16 +74,14 @@ class AdaptiveSpin {
  public:
   template <typename Ready>
   bool until(Ready&& ready, std::chrono::microseconds budget = spinBudget()) {
-    start_ = std::chrono::steady_clock::now();
-    long_ = std::max<std::chrono::steady_clock::duration>(kLongWait, 2 * budget);
-    const bool hit = longWaits_ >= kGiveUp ? ready() : spinUntil(ready, budget);
-    if (hit) longWaits_ = 0;
-    return hit;
+    longAfter_ = std::chrono::steady_clock::now() +
+                 std::max<std::chrono::steady_clock::duration>(kLongWait, 2 * budget);
+    return longWaits_ >= kGiveUp ? ready() : spinUntil(ready, budget);
   }
 
   // The wait that until() began is over (the site slept, or did not).
   void done() {
-    const bool isLong = std::chrono::steady_clock::now() - start_ > long_;
+    const bool isLong = std::chrono::steady_clock::now() > longAfter_;
     longWaits_ = isLong ? std::min(longWaits_ + 1, kGiveUp) : 0;
   }
 
@@ -91,8 +89,7 @@ class AdaptiveSpin {
   static constexpr int kGiveUp = 3;
   static constexpr std::chrono::milliseconds kLongWait{1};
   int longWaits_ = 0;
-  std::chrono::steady_clock::time_point start_;
-  std::chrono::steady_clock::duration long_{};
+  std::chrono::steady_clock::time_point longAfter_;  // this wait is long past it
 };
 
 }  // namespace torchrpc
