@@ -28,6 +28,7 @@
 #include "python_fallback/callback_runner.h"
 #include "python_fallback/gil.h"
 #include "python_fallback/python_rref.h"
+#include "python_fallback/python_turn.h"
 #include "python_fallback/run_python.h"
 #include "rendezvous/rendezvous.h"
 #include "rref/rref_context.h"
@@ -78,6 +79,7 @@ struct Call {
   py::tuple result() const {
     if (!future->completed()) {  // completion callbacks find it done: they keep the GIL
       py::gil_scoped_release nogil;
+      torchrpc::python_fallback::PythonTurn::Pause pause;  // a Python call waiting: others may run
       static thread_local torchrpc::AdaptiveSpin spin;  // this calling thread's waits
       if (!spin.until([this] { return future->completed(); })) future->wait();
       spin.done();
@@ -370,6 +372,7 @@ PYBIND11_MODULE(_C, m) {
           bool late;
           {
             py::gil_scoped_release nogil;
+            torchrpc::python_fallback::PythonTurn::Pause pause;
             late = timeout > 0 &&
                    ready.wait_for(std::chrono::duration<double>(timeout)) != std::future_status::ready;
             if (!late) ready.wait();

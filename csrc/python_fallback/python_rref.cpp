@@ -1,5 +1,6 @@
 #include "python_fallback/python_rref.h"
 #include "python_fallback/gil.h"
+#include "python_fallback/python_turn.h"
 
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
@@ -96,6 +97,7 @@ void installRRefPython(rref::RRefContext& ctx, py::object runner, py::object enc
     Outcome now;
     c10::intrusive_ptr<c10::ivalue::Future> later;
     {
+      PythonTurn turn;  // before the GIL: see python_turn.h
       Gil gil;
       try {
         py::tuple out = callPythonHandler(*run, call, callerRank);

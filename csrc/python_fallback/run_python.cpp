@@ -1,5 +1,6 @@
 #include "python_fallback/run_python.h"
 #include "python_fallback/gil.h"
+#include "python_fallback/python_turn.h"
 
 #include <torch/csrc/jit/api/compilation_unit.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
@@ -78,6 +79,7 @@ void installPythonHandler(Agent& agent, py::object handler) {
     const uint64_t id = request.id;
     Message response;
     {
+      PythonTurn turn;  // before the GIL: see python_turn.h
       Gil gil;
       try {
         py::tuple out = callPythonHandler(*fn, request, callerRank);

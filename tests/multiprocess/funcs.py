@@ -153,6 +153,15 @@ def now():
     return time.time()
 
 
+def compute_for(seconds):
+    """Torch ops under the GIL for `seconds` (wall time); returns (start, end)
+    on this worker's time.perf_counter clock."""
+    x, start = torch.ones(8), time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        x = x * 0.999 + 0.001
+    return start, time.perf_counter()
+
+
 def storage_nbytes(t):
     return t.untyped_storage().nbytes()
 

@@ -395,6 +395,37 @@ def test_unpicklable_callable_and_argument():
 
 # ---- the GIL --------------------------------------------------------------------------
 
+def test_long_python_calls_take_turns():
+    # Two Python calls at once share one GIL; run side by side, they pass it
+    # back and forth on every torch op. Once calls are long (1 ms or more),
+    # the callee runs them one after the other instead.
+    rpc.rpc_sync("worker2", funcs.compute_for, args=(0.003,))
+    overlaps = 0
+    for _ in range(6):
+        a, b = (rpc.rpc_async("worker2", funcs.compute_for, args=(0.003,)) for _ in range(2))
+        (a_start, a_end), (b_start, b_end) = a.wait(), b.wait()
+        overlaps += a_start < b_end and b_start < a_end
+    # Side by side, every pair overlaps; a machine that stalls a call for
+    # over 5 ms (the patience of the waiting one) may make one pair overlap.
+    assert overlaps <= 1, f"{overlaps} of 6 pairs of long Python calls ran side by side"
+
+
+def test_a_waiting_python_call_does_not_hold_up_others():
+    # A long call that sleeps (or waits on I/O) holds its turn: the next call
+    # waits for it at most 5 ms, then runs beside it.
+    rpc.rpc_sync("worker2", funcs.compute_for, args=(0.003,))
+    sleeper = rpc.rpc_async("worker2", funcs.sleep, args=(2.0,))
+    time.sleep(0.2)
+    start = time.perf_counter()
+    assert rpc.rpc_sync("worker2", funcs.py_add, args=(1, 2), timeout=10) == 3
+    waited = time.perf_counter() - start
+    assert waited < 1.0, f"a Python call waited {waited:.2f} s for a sleeping one"
+    assert sleeper.wait() == 2.0
+    # A call that waits for a torchrpc result gives its turn up meanwhile:
+    # worker2 -> worker2 (Python) from inside a long Python call.
+    assert rpc.rpc_sync("worker2", funcs.call, args=("worker2", funcs.py_add, (2, 3)), timeout=10) == 5
+
+
 def test_script_calls_run_while_the_callee_holds_the_gil():
     hold = 3.0
     x = torch.ones(4)
