@@ -43,7 +43,7 @@ CONFIGS = {
         "throughput_depths": [1, 16, 128], "throughput_rounds": 5, "throughput_round_s": 0.3,
         "send_sizes": [KB, MB, 16 * MB, 64 * MB], "send_reps": [1000, 100, 20, 10],
         "idle_s": 2.0, "unseen_reps": 5, "rref_samples": 1000, "rref_churn": 10000,
-        "cpu_rounds": 3, "cpu_round_s": 1.0,
+        "cpu_rounds": 6, "cpu_round_s": 0.5,
         "init_reps": 7,
         "floor_round_trips": 20000,
         "train_iterations": 300,

@@ -296,11 +296,15 @@ def cpu_bound(rpc, to, control, index, callers, cfg):
     concurrent callers, each a separate process calling rpc_sync back to back.
 
     Every caller process runs this; they meet at control barriers. Caller 0
-    measures alone, then all callers together, cfg["cpu_rounds"] times.
+    measures alone, then all callers together, cfg["cpu_rounds"] times. The
+    machine's speed drifts by 10-30% within seconds, so the scaling is the
+    median of each round's ratio (the two windows of a round are adjacent),
+    not a ratio of medians taken over the whole run.
 
     Returns (on caller 0; {} elsewhere):
-        {kind: {"one": calls/s, "all": calls/s summed over callers,
-                "scaling": all / one, "ms_per_call": ms with one caller}}.
+        {kind: {"one": calls/s, "all": calls/s summed over callers (medians),
+                "scaling": median of the rounds' all / one,
+                "ms_per_call": ms with one caller}}.
     """
     out = {}
     iters = remote_fns.BUSY_ITERS
@@ -322,7 +326,8 @@ def cpu_bound(rpc, to, control, index, callers, cfg):
                 together.append(sum(float(control.get(f"cpu/{kind}/{r}/rate/{i}")) for i in range(callers)))
         if index == 0:
             one_rate, all_rate = statistics.median(one), statistics.median(together)
-            out[kind] = {"one": one_rate, "all": all_rate, "scaling": all_rate / one_rate,
+            scaling = statistics.median(a / o for a, o in zip(together, one))
+            out[kind] = {"one": one_rate, "all": all_rate, "scaling": scaling,
                          "ms_per_call": 1e3 / one_rate}
     return out
 
