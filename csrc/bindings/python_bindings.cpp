@@ -11,8 +11,10 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <mutex>
 #include <optional>
 #include <thread>
+#include <unordered_map>
 
 #include "agent/agent.h"
 #include "autograd/autograd_messages.h"
@@ -165,23 +167,80 @@ std::shared_ptr<torchrpc::rref::RRef> remoteOrRaise(torchrpc::rref::RRefContext&
   });
 }
 
+// What decides which overload of a builtin accepts a call's arguments: each
+// argument's Python type (for a tensor, its dtype and whether it has 0
+// dimensions or one element: int and number parameters accept some such
+// tensors), and the keyword names.
+// Empty when an argument is of another kind (a list, a dtype, ...): those
+// calls are matched from scratch every time.
+std::string argumentKinds(const std::string& opName, const py::tuple& args, const py::dict& kwargs) {
+  std::string key = opName;
+  auto add = [&key](const py::handle& value) {
+    PyObject* obj = value.ptr();
+    if (THPVariable_Check(obj)) {
+      const auto& t = THPVariable_Unpack(obj);
+      key += t.dim() == 0 ? "|T0" : (t.numel() == 1 ? "|T1" : "|T");
+      key += c10::toString(t.scalar_type());
+    } else if (obj == Py_None || PyBool_Check(obj) || PyLong_CheckExact(obj) || PyFloat_CheckExact(obj) ||
+               PyUnicode_CheckExact(obj)) {
+      key += "|";
+      key += Py_TYPE(obj)->tp_name;
+    } else {
+      return false;
+    }
+    return true;
+  };
+  for (const auto& arg : args) {
+    if (!add(arg)) return "";
+  }
+  for (const auto& item : kwargs) {
+    key += "|" + py::str(item.first).cast<std::string>() + "=";
+    if (!add(item.second)) return "";
+  }
+  return key;
+}
+
 // The first overload of builtin `opName` that accepts the arguments, as a
-// BUILTIN_CALL message; sets *full to its schema name.
+// BUILTIN_CALL message; sets *full to its schema name. Trying an overload
+// that refuses the arguments costs an exception (torch.add(x, 1) took 27 us
+// against 9 us for torch.add(x, x)), so the overload found for the same kinds
+// of arguments (argumentKinds) is remembered and tried alone.
 torchrpc::Message builtinMessage(const std::string& opName, const py::tuple& args, const py::dict& kwargs,
                                  std::string* full) {
-  std::string errors;
-  for (const auto& op : torch::jit::getAllOperatorsFor(c10::Symbol::fromQualString(opName))) {
-    const auto& schema = op->schema();
+  static std::mutex mutex;
+  static std::unordered_map<std::string, std::shared_ptr<torch::jit::Operator>> matched;
+  auto tryOverload = [&](const torch::jit::Operator& op, std::string* errors) -> std::optional<torchrpc::Message> {
+    const auto& schema = op.schema();
     std::vector<c10::IValue> stack;
     try {
       stack = torch::jit::createStackForSchema(schema, torch::jit::tuple_slice(args),
                                                py::reinterpret_borrow<py::kwargs>(kwargs), std::nullopt);
     } catch (const std::exception& e) {
-      errors += "\n  " + c10::toString(schema) + ": " + e.what();
-      continue;
+      if (errors != nullptr) *errors += "\n  " + c10::toString(schema) + ": " + e.what();
+      return std::nullopt;
     }
     *full = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
     return torchrpc::script_dispatch::builtinCallMessage(*full, std::move(stack));
+  };
+  const std::string key = argumentKinds(opName, args, kwargs);
+  std::shared_ptr<torch::jit::Operator> known;
+  if (!key.empty()) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = matched.find(key);
+    if (it != matched.end()) known = it->second;
+  }
+  if (known) {
+    if (auto message = tryOverload(*known, nullptr)) return std::move(*message);
+  }
+  std::string errors;
+  for (const auto& op : torch::jit::getAllOperatorsFor(c10::Symbol::fromQualString(opName))) {
+    if (auto message = tryOverload(*op, &errors)) {
+      if (!key.empty()) {
+        std::lock_guard<std::mutex> lock(mutex);
+        matched[key] = op;
+      }
+      return std::move(*message);
+    }
   }
   throw py::type_error("no overload of builtin '" + opName +
                        "' accepts these arguments; the candidates said:" + errors);

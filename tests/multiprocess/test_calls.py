@@ -67,6 +67,24 @@ def test_builtin_kwargs():
     assert torch.equal(out, torch.full((2,), 4.0))
 
 
+def test_builtin_overloads_follow_each_calls_arguments():
+    # The caller remembers which overload matched which kinds of arguments; a
+    # call with other kinds (a float for an int, a 0-dim tensor for a number,
+    # another dtype) must still get its own overload, as in eager torch.
+    i, f = torch.arange(4), torch.ones(4)
+    cases = [(torch.add, (f, 1), None), (torch.add, (f, f), None), (torch.add, (i, 1.5), None),
+             (torch.add, (i, 2), None), (torch.add, (f, torch.tensor(2)), None),
+             (torch.add, (i, torch.tensor([2.5])), None), (torch.add, (i, torch.tensor(True)), None),
+             (torch.mul, (i, 2), None), (torch.mul, (i, 2.5), None), (torch.sub, (f, f), {"alpha": 2}),
+             (torch.sub, (f, 1), {"alpha": 2})]
+    for _ in range(2):  # the second round follows what the first remembered
+        for fn, args, kwargs in cases:
+            want = fn(*args, **(kwargs or {}))
+            for got in (rpc.rpc_sync("worker1", fn, args=args, kwargs=kwargs),
+                        rpc.remote("worker1", fn, args=args, kwargs=kwargs).to_here()):
+                assert got.dtype == want.dtype and torch.equal(got, want), (fn.__name__, args, kwargs, got)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_python_callables(kind):
     x = torch.ones(3)
