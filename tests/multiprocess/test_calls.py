@@ -439,8 +439,8 @@ def test_a_waiting_python_call_does_not_hold_up_others():
     waited = time.perf_counter() - start
     assert waited < 1.0, f"a Python call waited {waited:.2f} s for a sleeping one"
     assert sleeper.wait() == 2.0
-    # A call that waits for a torchrpc result gives its turn up meanwhile:
-    # worker2 -> worker2 (Python) from inside a long Python call.
+    # A Python call that waits for a nested Python call on its own worker
+    # (worker2 -> worker2) gives its turn up meanwhile, and completes.
     assert rpc.rpc_sync("worker2", funcs.call, args=("worker2", funcs.py_add, (2, 3)), timeout=10) == 5
 
 
