@@ -57,8 +57,8 @@ bool spinUntil(Ready&& ready, std::chrono::microseconds budget = spinBudget()) {
 
 // One thread's wait site that learns whether polling pays. until() polls
 // (or not); the site then sleeps if it must, and calls done() when its wait
-// is over (always: done() is what learns). A wait is long when it lasted over kLongWait and over twice the
-// budget, so that no poll could have ended it. After kGiveUp long waits in a
+// is over (always: done() is what learns). A wait is long when it lasted
+// over kLongWait and over twice the budget, so that no poll could have ended it. After kGiveUp long waits in a
 // row (a CPU-bound callee, a peer that calls rarely) the site sleeps at once,
 // until a wait is short again; polling through a long wait only takes a core
 // from threads that compute. A CPU-bound script callee with 2 callers on 2
