@@ -7,8 +7,10 @@ from torchrpc import autograd, functions, optim
 from torchrpc.api import (
     WorkerInfo,
     _debug_info,
+    get_rpc_timeout,
     get_worker_info,
     init_rpc,
+    is_available,
     register,
     remote,
     rpc_async,
@@ -24,17 +26,21 @@ from torchrpc.errors import (
     ShutdownError,
     UnknownFunctionError,
 )
-from torchrpc.options import RpcOptions
+from torchrpc.options import BackendType, RpcOptions
 from torchrpc.rref import RRef
 
-#: Accepted for code written for torch.distributed.rpc.
+#: torch.distributed.rpc's names for the options, so that its programs run
+#: unchanged (device maps must stay empty: torchrpc sends CPU tensors only).
 TensorPipeRpcBackendOptions = RpcOptions
+RpcBackendOptions = RpcOptions
 
 __all__ = [
+    "BackendType",
     "NotInitializedError",
     "PeerUnreachableError",
     "RRef",
     "RemoteError",
+    "RpcBackendOptions",
     "RpcError",
     "RpcOptions",
     "RpcTimeoutError",
@@ -44,8 +50,10 @@ __all__ = [
     "WorkerInfo",
     "autograd",
     "functions",
+    "get_rpc_timeout",
     "get_worker_info",
     "init_rpc",
+    "is_available",
     "optim",
     "register",
     "remote",

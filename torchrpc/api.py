@@ -36,7 +36,7 @@ import torch
 from torchrpc import constants, errors, jit_ops, python_fallback, rendezvous, shipped_code
 from torchrpc import rref as _rref
 from torchrpc._extension import native
-from torchrpc.options import RpcOptions
+from torchrpc.options import RpcOptions, check_backend
 
 
 class WorkerInfo:
@@ -119,8 +119,9 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
     Args:
         name (str): unique name of this worker: letters, digits, ``_`` and ``-``,
             fewer than 128 characters.
-        backend: accepted for compatibility with ``torch.distributed.rpc`` and
-            ignored (torchrpc has one backend).
+        backend (BackendType): ``None`` (default) or
+            ``BackendType.TENSORPIPE`` (torchrpc's or ``torch.distributed.rpc``'s):
+            torchrpc has one backend.
         rank (int): unique rank in ``[0, world_size)``; ``-1`` (default) reads
             ``RANK`` from the environment with ``env://``.
         world_size (int): number of workers; ``None`` reads ``WORLD_SIZE``.
@@ -132,6 +133,7 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
     """
     global _state
     rendezvous.validate_name(name)
+    check_backend(backend)
     options = RpcOptions.coerce(rpc_backend_options)
     if rank is not None and not isinstance(rank, numbers.Integral):
         raise TypeError(f"init_rpc(rank=...) expects an int; got {type(rank).__name__}")
@@ -276,6 +278,19 @@ def get_worker_info(worker_name=None):
     if worker_name is None:
         return _state.me
     return _resolve(worker_name, "get_worker_info")
+
+
+@_require_initialized
+def get_rpc_timeout():
+    """The default timeout of this worker's calls, in seconds
+    (``RpcOptions.rpc_timeout``; 0 means no timeout)."""
+    return _state.options.rpc_timeout
+
+
+def is_available():
+    """True: torchrpc always has RPC (``torch.distributed.rpc.is_available()``
+    is False in torch builds without it)."""
+    return True
 
 
 def _all_worker_infos():

@@ -102,6 +102,12 @@ def get_gradients(context_id):
     return dict(native().autograd_gradients(_agent("torchrpc.autograd.get_gradients"), context_id))
 
 
+def is_available():
+    """True: torchrpc always has distributed autograd (as
+    ``torch.distributed.autograd.is_available()`` is in torch builds with it)."""
+    return True
+
+
 def _current_context_id():
     """The id of this thread's context, or -1 outside one."""
     return native().autograd_current_context()

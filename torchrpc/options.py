@@ -1,6 +1,8 @@
-"""RpcOptions: how a worker joins the job and serves calls."""
+"""RpcOptions: how a worker joins the job and serves calls (and the backend
+names of ``torch.distributed.rpc``, so that its programs run unchanged)."""
 
 import datetime
+import enum
 import numbers
 
 from torchrpc import constants
@@ -27,6 +29,12 @@ class RpcOptions:
             instead of ``init_method``.
         init_timeout (float): seconds init_rpc waits for the whole job
             (default 300).
+        device_maps, devices: ``TensorPipeRpcBackendOptions``' CUDA device
+            maps. torchrpc sends CPU tensors only: ``None`` or empty, else
+            ValueError.
+        _transports, _channels: ``TensorPipeRpcBackendOptions``' TensorPipe
+            tuning; accepted and ignored (torchrpc picks a Unix socket or TCP
+            itself).
 
     Example::
 
@@ -46,6 +54,10 @@ class RpcOptions:
         init_method=constants.DEFAULT_INIT_METHOD,
         store=None,
         init_timeout=constants.DEFAULT_INIT_TIMEOUT_SEC,
+        device_maps=None,
+        devices=None,
+        _transports=None,
+        _channels=None,
     ):
         if isinstance(num_worker_threads, bool) or not isinstance(num_worker_threads, numbers.Integral):
             raise TypeError(
@@ -72,6 +84,21 @@ class RpcOptions:
                     f"RpcOptions(store=...) expects a torch.distributed.Store; got {type(store).__name__}"
                 )
         self.store = store
+        self.device_maps = _cpu_only(f"RpcOptions(device_maps={device_maps!r})", device_maps, dict)
+        self.devices = _cpu_only(f"RpcOptions(devices={devices!r})", devices, list)
+        for name, value in (("_transports", _transports), ("_channels", _channels)):
+            if value is not None and not isinstance(value, (list, tuple)):
+                raise TypeError(f"RpcOptions({name}=...) expects a list; got {type(value).__name__}")
+
+    def set_device_map(self, to, device_map):
+        """``TensorPipeRpcBackendOptions.set_device_map``: only an empty map is
+        accepted (torchrpc sends CPU tensors only)."""
+        _cpu_only(f"RpcOptions.set_device_map({to!r}, {device_map!r})", device_map, dict)
+
+    def set_devices(self, devices):
+        """``TensorPipeRpcBackendOptions.set_devices``: only an empty list is
+        accepted (torchrpc sends CPU tensors only)."""
+        _cpu_only(f"RpcOptions.set_devices({devices!r})", devices, list)
 
     def __repr__(self):
         fields = ", ".join(f"{f}={getattr(self, f)!r}" for f in self._FIELDS if f != "store")
@@ -84,7 +111,8 @@ class RpcOptions:
             return cls()
         if isinstance(options, cls):
             return options
-        known = {f: getattr(options, f) for f in ("num_worker_threads", "rpc_timeout", "init_method")
+        known = {f: getattr(options, f) for f in ("num_worker_threads", "rpc_timeout", "init_method",
+                                                  "device_maps", "devices")
                  if hasattr(options, f)}
         if not known:
             raise TypeError(
@@ -102,3 +130,42 @@ def _seconds(name, value):
     if value < 0:
         raise ValueError(f"RpcOptions({name}=...) must be >= 0 (0 means no timeout); got {value}")
     return float(value)
+
+
+def _cpu_only(call, value, kind):
+    """An empty `kind` (dict: a device map, or list: devices) for None or an
+    empty value; else the error of `call`, which asked for CUDA devices."""
+    if value is None:
+        return kind()
+    if not isinstance(value, (dict,) if kind is dict else (list, tuple)):
+        raise TypeError(f"{call}: expects a {kind.__name__}; got {type(value).__name__}")
+    if len(value) == 0:
+        return kind()
+    raise ValueError(
+        f"{call}: torchrpc sends CPU tensors only, so it maps no CUDA devices. Move tensors "
+        "to the CPU (tensor.cpu()) before sending them, and set no device_maps or devices."
+    )
+
+
+class BackendType(enum.Enum):
+    """The RPC backend, as in ``init_rpc(..., backend=BackendType.TENSORPIPE)``.
+
+    torchrpc has one backend, its own transport; ``TENSORPIPE`` (the only
+    backend ``torch.distributed.rpc`` still has) selects it, so that programs
+    written for ``torch.distributed.rpc`` run unchanged.
+    """
+
+    TENSORPIPE = "TENSORPIPE"
+
+
+def check_backend(backend):
+    """Accepts None, BackendType.TENSORPIPE and torch.distributed.rpc's
+    BackendType.TENSORPIPE; anything else is a TypeError."""
+    if backend is None or backend is BackendType.TENSORPIPE:
+        return
+    if isinstance(backend, enum.Enum) and type(backend).__name__ == "BackendType" and backend.name == "TENSORPIPE":
+        return
+    raise TypeError(
+        f"init_rpc(backend={backend!r}): torchrpc has one backend; pass "
+        "torchrpc.BackendType.TENSORPIPE or leave backend unset."
+    )

@@ -66,9 +66,12 @@ class Cluster:
         threads: num_worker_threads of every worker.
         rpc_timeout: default call timeout in seconds.
         worker_env: {rank: {variable: value}}, extra environment of some workers.
+        upstream_spelling: this process joins as a program written for
+            torch.distributed.rpc does (its BackendType and options class).
     """
 
-    def __init__(self, world_size, *, init="tcp", threads=4, rpc_timeout=30.0, programs=None, worker_env=None):
+    def __init__(self, world_size, *, init="tcp", threads=4, rpc_timeout=30.0, programs=None, worker_env=None,
+                 upstream_spelling=False):
         self.world_size = world_size
         self.names = [f"worker{r}" for r in range(world_size)]
         self.threads = threads
@@ -80,6 +83,7 @@ class Cluster:
         # shuts down gracefully by itself, so it gets no stop request)
         self.programs = programs or {}
         self.worker_env = worker_env or {}  # rank -> extra environment of that worker
+        self.upstream_spelling = upstream_spelling
         port = free_port()
         self.port = port
         # how this process joins (init_rpc keyword arguments), and how workers do
@@ -127,8 +131,17 @@ class Cluster:
                                      env=dict(self.env, RANK=str(rank), **self.worker_env.get(rank, {})))
         try:
             with _environment(self.env):
-                rpc.init_rpc("worker0", rank=0, world_size=self.world_size,
-                             rpc_backend_options=rpc.RpcOptions(**options))
+                if self.upstream_spelling:
+                    import torch.distributed.rpc as upstream
+
+                    rpc.init_rpc("worker0", backend=upstream.BackendType.TENSORPIPE, rank=0,
+                                 world_size=self.world_size,
+                                 rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
+                                     num_worker_threads=self.threads, rpc_timeout=self.rpc_timeout,
+                                     init_method=self.init_method, _transports=["uv"]))
+                else:
+                    rpc.init_rpc("worker0", rank=0, world_size=self.world_size,
+                                 rpc_backend_options=rpc.RpcOptions(**options))
         except BaseException:
             self.kill_all()
             raise

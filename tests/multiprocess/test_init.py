@@ -29,6 +29,16 @@ def test_init_methods_and_reinit(init):
     assert not rpc.api._debug_info()["initialized"]
 
 
+def test_a_program_spelled_for_torch_distributed_rpc_runs_unchanged():
+    # init_rpc(backend=BackendType.TENSORPIPE, rpc_backend_options=
+    # TensorPipeRpcBackendOptions(..., _transports=[...])) under env://, as torchrun starts it
+    with Cluster(2, init="env", rpc_timeout=20.0, upstream_spelling=True):
+        assert rpc.is_available()
+        assert rpc.get_rpc_timeout() == 20.0
+        assert rpc.rpc_sync("worker1", rpc.get_rpc_timeout) == 60.0  # that worker's own default
+        assert torch.equal(rpc.rpc_sync("worker1", torch.add, args=(torch.ones(2), 1)), torch.full((2,), 2.0))
+
+
 def test_init_twice_in_a_process_is_an_error():
     with Cluster(2):
         with pytest.raises(RuntimeError, match="already initialized in this process as 'worker0'"):

@@ -80,9 +80,57 @@ def test_calls_before_init_say_how_to_fix():
         torchrpc.rpc_sync("worker1", len, args=([],))
     with pytest.raises(torchrpc.NotInitializedError):
         torchrpc.get_worker_info()
+    with pytest.raises(torchrpc.NotInitializedError):
+        torchrpc.get_rpc_timeout()
 
 
 @pytest.mark.parametrize("name", ["", "has space", "a" * 128, "dot.ted", "x/y"])
 def test_invalid_worker_names_are_rejected_naming_them(name):
     with pytest.raises(ValueError, match="invalid worker name"):
         torchrpc.init_rpc(name, rank=0, world_size=1)
+
+
+def test_torch_distributed_rpc_names_are_accepted():
+    assert torchrpc.TensorPipeRpcBackendOptions is torchrpc.RpcOptions
+    assert torchrpc.RpcBackendOptions is torchrpc.RpcOptions
+    o = torchrpc.TensorPipeRpcBackendOptions(num_worker_threads=8, rpc_timeout=20, init_method="tcp://1.2.3.4:5",
+                                             device_maps=None, devices=[], _transports=["uv"], _channels=["basic"])
+    assert (o.num_worker_threads, o.rpc_timeout, o.device_maps, o.devices) == (8, 20.0, {}, [])
+    o.set_device_map("worker1", {})
+    o.set_devices([])
+    assert torchrpc.BackendType.TENSORPIPE.name == "TENSORPIPE"
+    assert torchrpc.is_available() and torchrpc.autograd.is_available()
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: torchrpc.RpcOptions(device_maps={"worker1": {0: 1}}), r"RpcOptions\(device_maps="),
+        (lambda: torchrpc.RpcOptions(devices=["cuda:0"]), r"RpcOptions\(devices=\['cuda:0'\]\)"),
+        (lambda: torchrpc.RpcOptions().set_device_map("worker1", {0: 1}), r"set_device_map\('worker1', \{0: 1\}\)"),
+        (lambda: torchrpc.RpcOptions().set_devices([0]), r"set_devices\(\[0\]\)"),
+    ],
+)
+def test_cuda_device_maps_are_refused_saying_what_to_do(make, match):
+    with pytest.raises(ValueError, match=match) as err:
+        make()
+    assert "CPU tensors only" in str(err.value) and "tensor.cpu()" in str(err.value)
+
+
+def test_upstream_options_with_cuda_devices_are_refused():
+    import torch.distributed.rpc as upstream
+
+    with pytest.raises(ValueError, match="CPU tensors only"):
+        torchrpc.RpcOptions.coerce(upstream.TensorPipeRpcBackendOptions(devices=["cuda:0"]))
+
+
+@pytest.mark.parametrize("kwargs", [dict(device_maps=[0]), dict(devices="cuda:0"), dict(_transports="uv")])
+def test_device_options_of_the_wrong_type_are_type_errors(kwargs):
+    with pytest.raises(TypeError, match="expects a"):
+        torchrpc.RpcOptions(**kwargs)
+
+
+def test_unknown_backends_are_refused_before_joining():
+    with pytest.raises(TypeError, match=r"init_rpc\(backend='gloo'\): torchrpc has one backend"):
+        torchrpc.init_rpc("worker0", backend="gloo", rank=0, world_size=1)
+    assert not torchrpc.api._debug_info()["initialized"]
