@@ -77,15 +77,22 @@ py::object pyValue(const c10::IValue& value) {
 // turns the latter into an exception.
 struct Call {
   c10::intrusive_ptr<c10::ivalue::Future> future;
+  // Who settles an rpc_async future: a thread that waits for it
+  // (claimAndWait), or, when the call completes first, the callback runner.
+  std::shared_ptr<std::atomic<bool>> claimed = std::make_shared<std::atomic<bool>>(false);
+
+  // Returns once the call is done: polls, then sleeps, without the GIL.
+  void wait() const {
+    if (future->completed()) return;  // completion callbacks find it done: they keep the GIL
+    py::gil_scoped_release nogil;
+    torchrpc::python_fallback::PythonTurn::Pause pause;  // a Python call waiting: others may run
+    static thread_local torchrpc::AdaptiveSpin spin;  // this calling thread's waits
+    if (!spin.until([this] { return future->completed(); })) future->wait();
+    spin.done();
+  }
 
   py::tuple result() const {
-    if (!future->completed()) {  // completion callbacks find it done: they keep the GIL
-      py::gil_scoped_release nogil;
-      torchrpc::python_fallback::PythonTurn::Pause pause;  // a Python call waiting: others may run
-      static thread_local torchrpc::AdaptiveSpin spin;  // this calling thread's waits
-      if (!spin.until([this] { return future->completed(); })) future->wait();
-      spin.done();
-    }
+    wait();
     if (!future->hasError()) {
       return py::make_tuple(true, pyValue(future->value()));
     }
@@ -101,10 +108,25 @@ struct Call {
     }
   }
 
-  // fn() runs on the runner's thread, under the GIL, once the call is done.
+  // True if this thread claimed the call before it completed; then returns
+  // once it is done (see wait()). False if the runner claimed it.
+  bool claimAndWait() const {
+    if (claimed->exchange(true)) return false;
+    wait();
+    return true;
+  }
+
+  // fn() runs on the runner's thread, under the GIL, once the call is done,
+  // unless a waiting thread claimed the call first (claimAndWait).
   void addDoneCallback(std::shared_ptr<torchrpc::python_fallback::CallbackRunner> runner, py::object fn) {
     auto callback = torchrpc::python_fallback::sharedPyObject(std::move(fn));
-    future->addCallback([runner, callback](c10::ivalue::Future&) { runner->post(callback); });
+    future->addCallback([runner, callback, claimed = claimed](c10::ivalue::Future&) {
+      if (claimed->exchange(true)) {
+        runner->discard(callback);
+      } else {
+        runner->post(callback);
+      }
+    });
   }
 };
 
@@ -289,6 +311,7 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<Call>(m, "Call")
       .def("result", &Call::result)
+      .def("claim_and_wait", &Call::claimAndWait)
       .def("done", [](const Call& c) { return c.future->completed(); })
       .def("add_done_callback", &Call::addDoneCallback);
 

@@ -45,6 +45,19 @@ void CallbackRunner::post(std::shared_ptr<py::object> callback) {
   runOne(callback);
 }
 
+void CallbackRunner::discard(std::shared_ptr<py::object> callback) {
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (!state_->stopped) {
+      state_->discarded.push_back(std::move(callback));
+      if (state_->discarded.size() >= kDiscardBatch) state_->cv.notify_one();
+      return;
+    }
+  }
+  Gil gil;
+  callback.reset();
+}
+
 void CallbackRunner::runOne(std::shared_ptr<py::object>& cb) {
   Gil gil;
   try {
@@ -63,20 +76,32 @@ void CallbackRunner::run(const std::shared_ptr<State>& state) {
   while (true) {
     spin.until([&] { return state->queued.load() > 0; });
     std::deque<std::shared_ptr<py::object>> batch;
+    std::vector<std::shared_ptr<py::object>> discarded;
+    bool exit = false;
     {
       std::unique_lock<std::mutex> lock(state->mutex);
-      state->cv.wait(lock, [&] { return state->stopping || !state->queue.empty(); });
+      state->cv.wait(lock, [&] {
+        return state->stopping || !state->queue.empty() || state->discarded.size() >= kDiscardBatch;
+      });
       spin.done();
-      if (state->queue.empty()) {  // stopping, nothing left
+      batch.swap(state->queue);
+      state->queued.store(0);
+      discarded.swap(state->discarded);
+      exit = batch.empty() && state->stopping;  // stopping, nothing left to run
+    }
+    if (!batch.empty() || !discarded.empty()) {
+      Gil gil;  // once per batch; runOne's acquire nests
+      for (auto& cb : batch) runOne(cb);
+      discarded.clear();
+    }
+    if (exit) {
+      std::lock_guard<std::mutex> lock(state->mutex);
+      if (state->queue.empty() && state->discarded.empty()) {
         state->stopped = true;
         state->exited.notify_all();
         return;
       }
-      batch.swap(state->queue);
-      state->queued.store(0);
     }
-    Gil gil;  // once per batch; runOne's acquire nests
-    for (auto& cb : batch) runOne(cb);
   }
 }
 

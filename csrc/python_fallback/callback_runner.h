@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 namespace torchrpc::python_fallback {
 
@@ -27,6 +28,10 @@ class CallbackRunner {
 
   // Any thread, no GIL needed (after stop(), runs the callback inline).
   void post(std::shared_ptr<pybind11::object> callback);
+  // A callback that will not run (another thread settled its future): any
+  // thread, no GIL needed. Freed under the GIL with the next batch, or once
+  // kDiscardBatch have piled up.
+  void discard(std::shared_ptr<pybind11::object> callback);
   // Runs what is queued, then joins; returns false (and leaves the thread
   // running, detached) if that takes longer than timeoutSeconds, e.g. a
   // callback that never returns. Call without the GIL.
@@ -35,11 +40,14 @@ class CallbackRunner {
  private:
   // Shared with the thread, which may outlive this object after a stop()
   // that gave up on it.
+  static constexpr size_t kDiscardBatch = 64;
+
   struct State {
     std::mutex mutex;
     std::condition_variable cv;      // work queued, or stopping
     std::condition_variable exited;  // the thread is done
     std::deque<std::shared_ptr<pybind11::object>> queue;
+    std::vector<std::shared_ptr<pybind11::object>> discarded;
     std::atomic<size_t> queued{0};
     bool stopping{false};
     bool stopped{false};  // the thread has exited; post() runs callbacks inline

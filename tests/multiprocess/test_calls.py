@@ -329,6 +329,33 @@ def test_future_carries_the_remote_error():
         then.wait()
 
 
+def test_waiting_on_a_future_does_not_need_the_callback_thread():
+    # the callback thread is kept busy for up to 2 s; waiters complete their own futures
+    entered, release = threading.Event(), threading.Event()
+    busy = rpc.rpc_async("worker1", funcs.sleep, args=(0.1,)).then(
+        lambda f: entered.set() or release.wait(2.0))
+    assert entered.wait(10)
+    started = time.monotonic()
+    one = torch.ones(1)
+    for fn, args in ((funcs.add, (one, one)), (torch.add, (one, one)), (funcs.sleep, (0.0,))):
+        assert rpc.rpc_async("worker2", fn, args=args).wait() is not None
+    with pytest.raises(funcs.CustomError, match="while busy"):
+        rpc.rpc_async("worker2", funcs.raise_custom, args=("while busy",)).wait()
+    took = time.monotonic() - started
+    release.set()
+    busy.wait()
+    assert took < 1.0, f"4 rpc_async().wait() took {took:.2f} s while the callback thread was busy"
+
+
+def test_callbacks_added_before_completion_run_on_the_torchrpc_thread():
+    threads = []
+    fut = rpc.rpc_async("worker1", funcs.sleep, args=(0.2,))
+    fut.add_done_callback(lambda f: threads.append(threading.current_thread()))
+    chained = fut.then(lambda f: threads.append(threading.current_thread()) or f.value())
+    assert fut.wait() == 0.2 and chained.wait() == 0.2
+    assert len(threads) == 2 and threading.main_thread() not in threads
+
+
 # ---- errors ---------------------------------------------------------------------------
 
 def test_remote_exception_keeps_type_message_worker_and_traceback():
