@@ -54,6 +54,17 @@ with warnings.catch_warnings():
         assert isinstance(out, torch.Tensor)
         return out
 
+    @torch.jit.script
+    def torch_script_sync_caller(to: str, x: torch.Tensor) -> torch.Tensor:
+        """The same with rpc_sync: the interpreter does not suspend."""
+        return torch_rpc.rpc_sync(to, tiny_script, (x,))
+
+    @torch.jit.script
+    def torchrpc_script_sync_caller(to: str, x: torch.Tensor) -> torch.Tensor:
+        out = torchrpc.rpc_sync(to, "bench.tiny_script", args=(x,))
+        assert isinstance(out, torch.Tensor)
+        return out
+
 
 torchrpc.register("bench.tiny_script", tiny_script)
 

@@ -99,19 +99,26 @@ def tensor_send(rpc, to, cfg):
 
 
 def script_caller(backend, to, cfg):
-    """rpc_async(...).wait() of tiny_script issued from inside a TorchScript
-    function, against the same call from eager Python.
+    """One tiny_script call issued from inside a TorchScript function, against
+    the same call from eager Python: rpc_async(...).wait() and rpc_sync.
 
     Returns:
-        {"eager": summary µs, "from_script": summary µs}.
+        {"eager": summary µs, "from_script": summary µs,
+         "eager_sync": summary µs, "from_script_sync": summary µs}.
     """
     rpc, x = backend.rpc, torch.ones(2)
-    caller = remote_fns.torchrpc_script_caller if backend.name == "torchrpc" else remote_fns.torch_script_caller
+    ours = backend.name == "torchrpc"
+    callers = {
+        "eager": lambda: rpc.rpc_async(to, remote_fns.tiny_script, args=(x,)).wait(),
+        "from_script": lambda: (remote_fns.torchrpc_script_caller if ours
+                                else remote_fns.torch_script_caller)(to, x),
+        "eager_sync": lambda: rpc.rpc_sync(to, remote_fns.tiny_script, args=(x,)),
+        "from_script_sync": lambda: (remote_fns.torchrpc_script_sync_caller if ours
+                                     else remote_fns.torch_script_sync_caller)(to, x),
+    }
     n, warmup = cfg["latency_samples"], cfg["latency_warmup"]
-    eager = _measure.time_each(lambda: rpc.rpc_async(to, remote_fns.tiny_script, args=(x,)).wait(), n, warmup)
-    scripted = _measure.time_each(lambda: caller(to, x), n, warmup)
-    return {"eager": _measure.summarize([s * 1e6 for s in eager]),
-            "from_script": _measure.summarize([s * 1e6 for s in scripted])}
+    return {key: _measure.summarize([s * 1e6 for s in _measure.time_each(fn, n, warmup)])
+            for key, fn in callers.items()}
 
 
 _UNSEEN_SOURCE = """

@@ -3,6 +3,7 @@
 #include <torch/library.h>
 
 #include "common/error.h"
+#include "common/spin.h"
 #include "jit_ops/script_rref.h"
 #include "script_dispatch/run_script.h"
 
@@ -63,7 +64,7 @@ void rpcAsync(const c10::OperatorHandle&, torch::jit::Stack* stack) {
 
 void rpcSync(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   auto future = callFromStack(stack, "rpc_sync");
-  future->wait();  // the agent's deadline completes it; no separate timer
+  spinThenWait(*future);  // the agent's deadline completes it; no separate timer
   stack->emplace_back(future->value());  // rethrows the call's error
 }
 

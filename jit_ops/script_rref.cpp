@@ -4,6 +4,7 @@
 #include <future>
 
 #include "common/error.h"
+#include "common/spin.h"
 #include "jit_ops/rpc_ops.h"
 #include "message/payload.h"
 #include "rref/rref_context.h"
@@ -75,7 +76,7 @@ c10::IValue ScriptRRef::toHere(double timeout) const {
                        " failed: " + failure->second);
   }
   auto future = ctx->fetch(user, seconds);
-  future->wait();  // the agent's deadline completes it
+  spinThenWait(*future);  // the agent's deadline completes it
   const auto& value = future->value();  // rethrows the owner's error
   const auto& elements = value.toTupleRef().elements();
   // (value) for an IValue; (pickle, tensors) for a Python object (rref_context.h)

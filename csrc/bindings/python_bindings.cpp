@@ -86,9 +86,7 @@ struct Call {
     if (future->completed()) return;  // completion callbacks find it done: they keep the GIL
     py::gil_scoped_release nogil;
     torchrpc::python_fallback::PythonTurn::Pause pause;  // a Python call waiting: others may run
-    static thread_local torchrpc::AdaptiveSpin spin;  // this calling thread's waits
-    if (!spin.until([this] { return future->completed(); })) future->wait();
-    spin.done();
+    torchrpc::spinThenWait(*future);
   }
 
   py::tuple result() const {

@@ -92,4 +92,15 @@ class AdaptiveSpin {
   std::chrono::steady_clock::time_point longAfter_;  // this wait is long past it
 };
 
+// Blocks until `future` (anything with completed() and wait(), such as
+// c10::ivalue::Future) is done: polls first, through this thread's
+// AdaptiveSpin, then sleeps. For a thread that waits on its own result
+// (rpc_sync, to_here): without the poll every such wait costs a wake-up.
+template <typename Future>
+void spinThenWait(Future& future) {
+  static thread_local AdaptiveSpin spin;  // this thread's waits
+  if (!spin.until([&] { return future.completed(); })) future.wait();
+  spin.done();
+}
+
 }  // namespace torchrpc
