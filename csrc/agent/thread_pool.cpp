@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "common/intra_op.h"
+#include "common/malloc_arenas.h"
 #include "common/logging.h"
 #include "common/spin.h"
 #include "common/thread_name.h"
@@ -13,6 +14,7 @@ namespace torchrpc {
 
 ThreadPool::ThreadPool(size_t numThreads, std::string workerName)
     : workerName_(std::move(workerName)) {
+  reserveMallocArenas(numThreads);  // an arena each: tensor ops in parallel never share a malloc lock
   threads_.reserve(numThreads);
   alive_ = numThreads;
   for (size_t i = 0; i < numThreads; ++i) {
