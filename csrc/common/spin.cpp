@@ -23,7 +23,7 @@ std::atomic<bool> trainingSpin{false};
 std::atomic<Clock::rep> trainingEnded{0};
 
 const std::chrono::microseconds& baseBudget() {
-  static const std::chrono::microseconds base = fromEnv("TORCHRPC_SPIN_US", 100);
+  static const std::chrono::microseconds base = fromEnv("TORCHRPC_SPIN_US", 300);
   return base;
 }
 

@@ -9,7 +9,13 @@
 // round, so runnable work is never starved), and only then sleeps. The budget
 // only applies right after activity: an idle worker sleeps and uses no CPU.
 //
-// TORCHRPC_SPIN_US sets the budget in microseconds (default 100; 0 disables).
+// TORCHRPC_SPIN_US sets the budget in microseconds (default 300; 0 disables).
+// The budget must outlast a round trip in which every site sleeps (four
+// wake-ups, 150-250 us on this VM), or a pair of workers can settle there:
+// each side's next message comes after its polls ran out, so each side
+// sleeps, so the round trip stays slow. With 100 us, Python calls and RRef
+// proxies ran whole rounds of 1000 calls at 150-220 us instead of 45-55 us
+// (8 rounds of 60 after 2 s idle and a fresh RRef; 0 of 60 with 300 us).
 // Wait sites that come back often use AdaptiveSpin (below): a site whose
 // waits keep lasting far longer than its poll stops polling.
 //

@@ -280,7 +280,7 @@ def test_threads_say_their_role():
 
 
 def test_back_to_back_calls_reuse_one_warm_pool_thread():
-    # Spaced beyond the idle spin (100 us), each call finds every pool thread
+    # Spaced beyond the idle spin (300 us), each call finds every pool thread
     # asleep: the pool wakes the one that slept last, not the longest idle.
     served = set()
     for _ in range(20):
