@@ -107,14 +107,15 @@ def script_caller(backend, to, cfg):
          "eager_sync": summary µs, "from_script_sync": summary µs}.
     """
     rpc, x = backend.rpc, torch.ones(2)
-    ours = backend.name == "torchrpc"
+    if backend.name == "torchrpc":
+        script_async, script_sync = remote_fns.torchrpc_script_caller, remote_fns.torchrpc_script_sync_caller
+    else:
+        script_async, script_sync = remote_fns.torch_script_caller, remote_fns.torch_script_sync_caller
     callers = {
         "eager": lambda: rpc.rpc_async(to, remote_fns.tiny_script, args=(x,)).wait(),
-        "from_script": lambda: (remote_fns.torchrpc_script_caller if ours
-                                else remote_fns.torch_script_caller)(to, x),
+        "from_script": lambda: script_async(to, x),
         "eager_sync": lambda: rpc.rpc_sync(to, remote_fns.tiny_script, args=(x,)),
-        "from_script_sync": lambda: (remote_fns.torchrpc_script_sync_caller if ours
-                                     else remote_fns.torch_script_sync_caller)(to, x),
+        "from_script_sync": lambda: script_sync(to, x),
     }
     n, warmup = cfg["latency_samples"], cfg["latency_warmup"]
     return {key: _measure.summarize([s * 1e6 for s in _measure.time_each(fn, n, warmup)])

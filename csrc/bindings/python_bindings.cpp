@@ -79,7 +79,8 @@ struct Call {
   c10::intrusive_ptr<c10::ivalue::Future> future;
   // Who settles an rpc_async future: a thread that waits for it
   // (claimAndWait), or, when the call completes first, the callback runner.
-  std::shared_ptr<std::atomic<bool>> claimed = std::make_shared<std::atomic<bool>>(false);
+  // Made by addDoneCallback: rpc_sync's calls never need it.
+  std::shared_ptr<std::atomic<bool>> claimed;
 
   // Returns once the call is done: polls, then sleeps, without the GIL.
   void wait() const {
@@ -109,7 +110,7 @@ struct Call {
   // True if this thread claimed the call before it completed; then returns
   // once it is done (see wait()). False if the runner claimed it.
   bool claimAndWait() const {
-    if (claimed->exchange(true)) return false;
+    if (claimed && claimed->exchange(true)) return false;
     wait();
     return true;
   }
@@ -118,6 +119,7 @@ struct Call {
   // unless a waiting thread claimed the call first (claimAndWait).
   void addDoneCallback(std::shared_ptr<torchrpc::python_fallback::CallbackRunner> runner, py::object fn) {
     auto callback = torchrpc::python_fallback::sharedPyObject(std::move(fn));
+    if (!claimed) claimed = std::make_shared<std::atomic<bool>>(false);
     future->addCallback([runner, callback, claimed = claimed](c10::ivalue::Future&) {
       if (claimed->exchange(true)) {
         runner->discard(callback);

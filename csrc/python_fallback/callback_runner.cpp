@@ -87,7 +87,8 @@ void CallbackRunner::run(const std::shared_ptr<State>& state) {
       batch.swap(state->queue);
       state->queued.store(0);
       discarded.swap(state->discarded);
-      exit = batch.empty() && state->stopping;  // stopping, nothing left to run
+      // Stopping, nothing left to run: from now on post() and discard() run inline.
+      exit = state->stopped = batch.empty() && state->stopping;
     }
     if (!batch.empty() || !discarded.empty()) {
       Gil gil;  // once per batch; runOne's acquire nests
@@ -95,12 +96,8 @@ void CallbackRunner::run(const std::shared_ptr<State>& state) {
       discarded.clear();
     }
     if (exit) {
-      std::lock_guard<std::mutex> lock(state->mutex);
-      if (state->queue.empty() && state->discarded.empty()) {
-        state->stopped = true;
-        state->exited.notify_all();
-        return;
-      }
+      state->exited.notify_all();
+      return;
     }
   }
 }

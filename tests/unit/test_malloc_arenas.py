@@ -13,22 +13,32 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # More pool threads than glibc's default limit on this machine.
 THREADS = 8 * len(os.sched_getaffinity(0)) + 8
 
-# A one-worker job; prints how many arenas the process has once its pool runs.
+# A one-worker job; prints how many arenas the process has once its pool runs
+# (as soon as there are more than THREADS, or once none was added for 1 s).
 PROGRAM = textwrap.dedent(f"""
     import ctypes, os, tempfile, time
     import torchrpc as rpc
 
-    path = os.path.join(tempfile.mkdtemp(), "info.xml")
-    rpc.init_rpc("solo", rank=0, world_size=1, rpc_backend_options=rpc.RpcOptions(
-        num_worker_threads={THREADS}, init_method="file://" + path + ".store"))
-    time.sleep(0.5)  # every pool thread has started (and allocated)
     libc = ctypes.CDLL("libc.so.6")
     libc.fopen.restype = ctypes.c_void_p
-    out = ctypes.c_void_p(libc.fopen(path.encode(), b"w"))
-    libc.malloc_info(0, out)
-    libc.fclose(out)
-    print("arenas", open(path).read().count("<heap nr="))
-    rpc.shutdown()
+
+    def arenas(path):
+        out = ctypes.c_void_p(libc.fopen(path.encode(), b"w"))
+        libc.malloc_info(0, out)
+        libc.fclose(out)
+        return open(path).read().count("<heap nr=")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "info.xml")
+        rpc.init_rpc("solo", rank=0, world_size=1, rpc_backend_options=rpc.RpcOptions(
+            num_worker_threads={THREADS}, init_method="file://" + path + ".store"))
+        count, settled = arenas(path), time.monotonic() + 1  # threads allocate as they start
+        while count <= {THREADS} and time.monotonic() < settled:
+            time.sleep(0.05)
+            if (now := arenas(path)) > count:
+                count, settled = now, time.monotonic() + 1
+        print("arenas", count)
+        rpc.shutdown()
 """)
 
 
