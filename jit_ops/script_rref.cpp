@@ -1,8 +1,5 @@
 #include "jit_ops/script_rref.h"
 
-#include <chrono>
-#include <future>
-
 #include "common/error.h"
 #include "common/spin.h"
 #include "jit_ops/rpc_ops.h"
@@ -27,20 +24,13 @@ std::shared_ptr<rref::RRefContext> contextOf(const rref::RRef& r, const char* wh
 // most `seconds` (0: no limit).
 c10::IValue ownerValue(const rref::OwnerRRef& owner, const rref::RRefContext& ctx, double seconds,
                        const char* what) {
-  const auto& future = owner.value();
-  if (!future->completed() && seconds > 0) {
-    auto done = std::make_shared<std::promise<void>>();
-    auto ready = done->get_future();
-    future->addCallback([done](c10::ivalue::Future&) { done->set_value(); });
-    if (ready.wait_for(std::chrono::duration<double>(seconds)) != std::future_status::ready) {
-      throw RpcError(ErrorKind::kTimeout, std::string("RRef.") + what + "(): the value of RRef " +
-                                              owner.id().str() + " was not created on " +
-                                              ctx.workerName() + " within " + std::to_string(seconds) +
-                                              " s (timeout= argument, default RpcOptions.rpc_timeout)");
-    }
+  if (!owner.waitValue(seconds)) {
+    throw RpcError(ErrorKind::kTimeout, std::string("RRef.") + what + "(): the value of RRef " +
+                                            owner.id().str() + " was not created on " +
+                                            ctx.workerName() + " within " + std::to_string(seconds) +
+                                            " s (timeout= argument, default RpcOptions.rpc_timeout)");
   }
-  future->wait();
-  return future->value();  // rethrows the creation error, which names the owner
+  return owner.value()->value();  // rethrows the creation error, which names the owner
 }
 
 }  // namespace

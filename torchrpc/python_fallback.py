@@ -11,6 +11,10 @@ taken out and sent as raw bytes beside it.
 Callee side (:func:`handle_call`, run by the native bridge under the GIL):
 unpickle, run, pickle the result, or report the exception with its type,
 message and traceback.
+
+RRef proxies (``rref.rpc_sync().m(x)``) skip pickling when every argument is
+:func:`plain`: the call travels as IValues (RREF_METHOD_CALL), the owner runs
+it with :func:`handle_method`, and a plain result comes back as an IValue.
 """
 
 import hashlib
@@ -26,6 +30,7 @@ import cloudpickle
 import torch
 
 from torchrpc import errors, functions
+from torchrpc._extension import native
 
 
 _lock = threading.Lock()
@@ -255,6 +260,51 @@ def decode_result(value):
     return loads(payload.numpy(), tensors)
 
 
+def decode_value(value):
+    """Decodes an owner's answer with a value (RREF_FETCH, RREF_METHOD_CALL):
+    a 1-tuple holding an IValue, or a PYTHON_RET value."""
+    if len(value) == 1:
+        return value[0]
+    return decode_result(value)
+
+
+# ---- values that travel as IValues -------------------------------------------
+
+_SCALARS = frozenset({int, float, bool, str, type(None)})
+_ELEMENTS = frozenset({torch.Tensor, int, float, bool, str})  # of lists and dict values
+_INT64 = range(-(1 << 63), 1 << 63)
+
+
+def in_autograd_context():
+    """Whether this thread is in a distributed autograd context."""
+    return native().autograd_current_context() != -1
+
+
+def plain(value, grads):
+    """Whether `value` arrives unchanged when sent as an IValue instead of
+    pickled: exact builtin scalars (int within int64), CPU strided tensors of
+    exact type torch.Tensor (Parameters and subclasses keep their type only
+    when pickled), tuples of plain values, and non-empty lists and dicts
+    (str keys) of one kind of element. A tensor that requires grad is plain
+    only if `grads` (in a distributed autograd context, which records it;
+    otherwise only a pickle carries requires_grad)."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return kind is not int or value in _INT64
+    if kind is torch.Tensor:
+        return value.layout == torch.strided and (grads or not value.requires_grad)
+    if kind is tuple:
+        return all(plain(v, grads) for v in value)
+    if kind is list or kind is dict:
+        if kind is dict:
+            if not all(type(k) is str for k in value):
+                return False
+            value = value.values()
+        kinds = {type(v) for v in value}
+        return len(kinds) == 1 and kinds <= _ELEMENTS and all(plain(v, grads) for v in value)
+    return False
+
+
 # ---- callee side -------------------------------------------------------------
 
 def _qualified_type(exc):
@@ -309,6 +359,25 @@ def handle_call(payload, tensors, caller_rank):
         return future
     # The native bridge responds when this completes; no thread waits for it.
     return ("async", future.then(lambda done: _outcome(done, name)))
+
+
+def handle_method(obj, name, args, kwargs):
+    """Runs obj.name(*args, **kwargs) for an RREF_METHOD_CALL (a proxy's call
+    of a method of an RRef's value), on the owner. Called by the native bridge
+    with the GIL held. Returns ("value", result) for a plain result (sent as
+    an IValue), else what handle_call returns."""
+    label = f"{type(obj).__qualname__}.{name}"
+    try:
+        method = getattr(obj, name)
+        result = method(*args, **kwargs)
+    except BaseException as exc:  # everything the user code raises goes back
+        return _error(exc, label)
+    future = _async_future(result, label, method)
+    if future is None:
+        return ("value", result) if plain(result, in_autograd_context()) else encode_value(result, label)
+    if isinstance(future, tuple):
+        return future
+    return ("async", future.then(lambda done: _outcome(done, label)))
 
 
 def handle_remote(payload, tensors, caller_rank):

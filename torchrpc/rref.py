@@ -190,15 +190,21 @@ class RRef:
         ok, value = state.rref_ctx.fetch(self._handle, seconds).result()
         if not ok:
             raise errors.from_native(value)
-        if len(value) == 1:  # an IValue (script or builtin result)
-            return value[0]
-        return python_fallback.decode_result(value)
+        return python_fallback.decode_value(value)
 
     # ---- proxies ------------------------------------------------------------
 
     def rpc_sync(self, timeout=constants.UNSET_RPC_TIMEOUT):
         """A proxy whose method calls run on the owner: ``rref.rpc_sync().f(x)``
-        is ``rpc_sync(owner, lambda: rref.local_value().f(x))``."""
+        is ``rpc_sync(owner, lambda: rref.local_value().f(x))``.
+
+        When every argument is a plain value (tensors, numbers, strings,
+        None, and tuples, lists and dicts of them), the call is not pickled:
+        it travels as TorchScript values and the owner calls the method
+        directly; a plain result comes back the same way. Anything else
+        (RRefs, other objects, a tensor that requires grad outside a
+        distributed autograd context) is pickled as for any Python call.
+        Both give the same result."""
         return _Proxy(self, "rpc_sync", timeout)
 
     def rpc_async(self, timeout=constants.UNSET_RPC_TIMEOUT):
@@ -338,6 +344,11 @@ class _Proxy:
         call = getattr(_api(), kind)
 
         def method(*args, **kwargs):
+            if kind != "remote":
+                # Plain arguments: sent as IValues, not pickled (see _api()._method_call).
+                invocation = _api()._method_call(kind, rref, name, args, kwargs, timeout)
+                if invocation is not None:
+                    return invocation.wait() if kind == "rpc_sync" else invocation.future()
             return call(rref.owner(), _invoke_method, args=(rref, name, args, kwargs), timeout=timeout)
 
         method.__name__ = name

@@ -95,6 +95,7 @@ bool recorded(MessageType t) {
     case MessageType::kPythonCall:
     case MessageType::kRemoteCall:
     case MessageType::kRRefFetch:
+    case MessageType::kRRefMethodCall:
       return true;
     default:
       return false;

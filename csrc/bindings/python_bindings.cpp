@@ -10,7 +10,6 @@
 
 #include <chrono>
 #include <cstring>
-#include <future>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -34,6 +33,7 @@
 #include "python_fallback/run_python.h"
 #include "rendezvous/rendezvous.h"
 #include "rref/rref_context.h"
+#include "rref/rref_messages.h"
 #include "script_dispatch/run_script.h"
 #include "transport/same_host.h"
 #include "worker/worker.h"
@@ -133,15 +133,19 @@ struct Call {
 // A small send that will not wait keeps the GIL: released for a few
 // microseconds on every call, it went to the completion thread each time, and
 // the caller then waited for it (rpc_async with 128 in flight: ~25% slower).
-Call sendOrRaise(Agent& agent, int dst, torchrpc::Message&& m, double timeout,
-                 const std::string& kind, const std::string& function) {
+bool sendMayWait(const Agent& agent, int dst, const torchrpc::Message& m) {
   constexpr uint64_t kSmall = 1u << 20;
   uint64_t bytes = m.payload.size();
   for (const auto& t : m.tensors) {
     if (t.layout() == c10::kStrided) bytes += t.nbytes();  // others: the wire refuses them, clearly
   }
+  return bytes > kSmall || !agent.sendsAtOnce(dst, bytes);
+}
+
+Call sendOrRaise(Agent& agent, int dst, torchrpc::Message&& m, double timeout,
+                 const std::string& kind, const std::string& function) {
   std::optional<py::gil_scoped_release> nogil;
-  if (bytes > kSmall || !agent.sendsAtOnce(dst, bytes)) nogil.emplace();
+  if (sendMayWait(agent, dst, m)) nogil.emplace();
   return Call{agent.send(dst, std::move(m), timeout, kind, function)};
 }
 
@@ -446,18 +450,14 @@ PYBIND11_MODULE(_C, m) {
       // Owner only: (True, value) once the value exists, or (False, error info).
       .def("local_value", [](const rref::RRef& r, double timeout) -> py::tuple {
         TORCH_CHECK(r.isOwner(), "local_value() of a user RRef");
-        auto future = static_cast<const rref::OwnerRRef&>(r).value();
+        const auto& owner = static_cast<const rref::OwnerRRef&>(r);
+        const auto& future = owner.value();
         if (!future->completed()) {
-          auto done = std::make_shared<std::promise<void>>();
-          auto ready = done->get_future();
-          future->addCallback([done](c10::ivalue::Future&) { done->set_value(); });
           bool late;
           {
             py::gil_scoped_release nogil;
             torchrpc::python_fallback::PythonTurn::Pause pause;
-            late = timeout > 0 &&
-                   ready.wait_for(std::chrono::duration<double>(timeout)) != std::future_status::ready;
-            if (!late) ready.wait();
+            late = !owner.waitValue(timeout);
           }
           if (late) {
             return py::make_tuple(false, py::make_tuple(1, "the value of RRef " + r.id().str() +
@@ -479,9 +479,11 @@ PYBIND11_MODULE(_C, m) {
   });
 
   py::class_<rref::RRefContext, std::shared_ptr<rref::RRefContext>>(m, "RRefContext")
-      .def(py::init([](std::shared_ptr<Agent> agent, py::object runner, py::object encoder) {
+      .def(py::init([](std::shared_ptr<Agent> agent, py::object runner, py::object encoder,
+                       py::object methodRunner) {
         auto ctx = rref::RRefContext::create(std::move(agent));
-        torchrpc::python_fallback::installRRefPython(*ctx, std::move(runner), std::move(encoder));
+        torchrpc::python_fallback::installRRefPython(*ctx, std::move(runner), std::move(encoder),
+                                                     std::move(methodRunner));
         return ctx;
       }))
       .def("create_owner",
@@ -532,6 +534,30 @@ PYBIND11_MODULE(_C, m) {
              auto user = std::static_pointer_cast<rref::UserRRef>(r);
              py::gil_scoped_release nogil;
              return Call{c.fetch(user, timeout)};
+           })
+      // rref.rpc_sync().name(*args, **kwargs) with IValue arguments; None when
+      // an argument is not one (the caller then pickles the call).
+      .def("method_call",
+           [](rref::RRefContext& c, const std::shared_ptr<rref::RRef>& r, const std::string& name,
+              const py::tuple& args, const py::dict& kwargs, double timeout,
+              const std::string& kind) -> std::optional<Call> {
+             c10::IValue argValues, kwValues;
+             try {
+               argValues = torch::jit::toIValue(args, c10::AnyType::get());
+               c10::impl::GenericDict kw(c10::StringType::get(), c10::AnyType::get());
+               for (auto item : kwargs) {
+                 kw.insert(py::cast<std::string>(item.first), torch::jit::toIValue(item.second, c10::AnyType::get()));
+               }
+               kwValues = std::move(kw);
+             } catch (const std::exception&) {
+               return std::nullopt;
+             }
+             return translated([&] {
+               auto msg = rref::methodCallMessage(r->id(), name, std::move(argValues), std::move(kwValues));
+               std::optional<py::gil_scoped_release> nogil;
+               if (sendMayWait(c.agent(), r->owner(), msg)) nogil.emplace();
+               return Call{c.methodCall(r, std::move(msg), name, timeout, kind)};
+             });
            })
       .def("fork",
            [](rref::RRefContext& c, const std::shared_ptr<rref::RRef>& r, int requestTo) {

@@ -32,6 +32,7 @@ enum class MessageType : uint16_t {
   kRRefUserDelete = 32,   // a user RRef is gone
   kRRefForkRequest = 33,  // a user received an RRef from a non-owner
   kRRefChildAccept = 34,  // the owner confirmed the fork a parent sent
+  kRRefMethodCall = 35,   // rref.rpc_sync().m(...): a method of the owner's value
 
   // Distributed autograd (50-69): see csrc/autograd/.
   kAutogradCall = 50,     // a request sent in an autograd context: envelope + request
@@ -44,7 +45,7 @@ enum class MessageType : uint16_t {
 inline bool isRequest(MessageType t) {
   return t == MessageType::kScriptCall || t == MessageType::kBuiltinCall ||
          t == MessageType::kPythonCall ||
-         (t >= MessageType::kRemoteCall && t <= MessageType::kRRefChildAccept) ||
+         (t >= MessageType::kRemoteCall && t <= MessageType::kRRefMethodCall) ||
          t == MessageType::kAutogradCall || t == MessageType::kAutogradBackward ||
          t == MessageType::kAutogradCleanup || t == MessageType::kAutogradPassDone;
 }

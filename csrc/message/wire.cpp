@@ -28,6 +28,7 @@ const char* messageTypeName(MessageType t) {
     case MessageType::kRRefUserDelete: return "RREF_USER_DELETE";
     case MessageType::kRRefForkRequest: return "RREF_FORK_REQUEST";
     case MessageType::kRRefChildAccept: return "RREF_CHILD_ACCEPT";
+    case MessageType::kRRefMethodCall: return "RREF_METHOD_CALL";
     case MessageType::kAutogradCall: return "AUTOGRAD_CALL";
     case MessageType::kAutogradRet: return "AUTOGRAD_RET";
     case MessageType::kAutogradBackward: return "AUTOGRAD_BACKWARD";

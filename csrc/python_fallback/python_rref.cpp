@@ -87,9 +87,11 @@ c10::IValue pyObjectIValue(py::object obj) {
   return c10::IValue(std::move(holder));
 }
 
-void installRRefPython(rref::RRefContext& ctx, py::object runner, py::object encoder) {
+void installRRefPython(rref::RRefContext& ctx, py::object runner, py::object encoder,
+                      py::object methodRunner) {
   auto run = sharedPyObject(std::move(runner));
   auto encode = sharedPyObject(std::move(encoder));
+  auto method = sharedPyObject(std::move(methodRunner));
   const std::string worker = ctx.workerName();
   ctx.setPythonRunner([run, worker](Message&& call, int callerRank,
                                     std::function<void(c10::IValue)> onValue,
@@ -137,14 +139,28 @@ void installRRefPython(rref::RRefContext& ctx, py::object runner, py::object enc
   });
   ctx.setPythonEncoder([encode, worker](uint64_t id, const c10::IValue& value) {
     Gil gil;
-    py::tuple out = (*encode)(py::handle(value.toPyObject()));
-    if (out[0].cast<std::string>() != "ok") return exceptionMessage(id, remoteExceptionFrom(out, worker));
-    Message m;
-    m.type = MessageType::kPythonRet;
-    m.id = id;
-    m.payload = out[1].cast<std::string>();
-    for (auto t : out[2]) m.tensors.push_back(py::cast<at::Tensor>(t));
-    return m;
+    return pythonResponse((*encode)(py::handle(value.toPyObject())), id, worker);
+  });
+  ctx.setPythonMethodRunner([method, encode, worker](uint64_t id, const c10::IValue& object,
+                                                     const std::string& name, const c10::IValue& args,
+                                                     const c10::IValue& kwargs, Agent::Responder respond) {
+    runAndRespond(
+        id, worker, respond,
+        [&] {
+          return (*method)(torch::jit::toPyObject(object), name, torch::jit::toPyObject(args),
+                           torch::jit::toPyObject(kwargs));
+        },
+        [&](const py::tuple& out) {
+          // ("value", result): a result of plain types, sent as an IValue
+          // (a 1-tuple, as RREF_FETCH answers); pickled if it is not one.
+          TORCH_CHECK(out[0].cast<std::string>() == "value", "unknown outcome");
+          try {
+            auto value = torch::jit::toIValue(out[1], c10::AnyType::get());
+            return ivalueMessage(MessageType::kScriptRet, id, c10::ivalue::Tuple::create({std::move(value)}));
+          } catch (const std::exception&) {
+            return pythonResponse((*encode)(out[1], name), id, worker);
+          }
+        });
   });
 }
 

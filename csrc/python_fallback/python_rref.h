@@ -14,8 +14,12 @@ namespace torchrpc::python_fallback {
 
 // runner(payload: memoryview, tensors: list[Tensor], caller_rank: int) returns
 //   ("ok", value)  or  ("err", type, message, traceback, function)
-// encoder(value) returns ("ok", payload: bytes, tensors) or the "err" tuple.
-void installRRefPython(rref::RRefContext& ctx, pybind11::object runner, pybind11::object encoder);
+// encoder(value[, name]) returns ("ok", payload: bytes, tensors) or the "err" tuple.
+// methodRunner(object, name, args: tuple, kwargs: dict) calls object.name(...)
+//   for RREF_METHOD_CALL; returns ("value", result) for a result of plain
+//   types (sent as an IValue), or ("ok", ...), ("err", ...), ("async", future).
+void installRRefPython(rref::RRefContext& ctx, pybind11::object runner, pybind11::object encoder,
+                       pybind11::object methodRunner);
 
 // A Python object as an IValue (PyObject tag); call with the GIL held.
 c10::IValue pyObjectIValue(pybind11::object obj);

@@ -48,9 +48,15 @@ std::shared_ptr<script_dispatch::Callee> calleeFromPython(const py::handle& scri
 
 namespace {
 
-// The handler's ("ok", payload, tensors) or ("err", type, message, traceback,
-// function) as the response message. Needs the GIL.
-Message responseFrom(const py::handle& outcome, uint64_t id, const std::string& worker) {
+Message bridgeFailure(uint64_t id, const std::string& what, const std::string& worker) {
+  // The handler reports user errors as ("err", ...); this is a bridge bug.
+  return exceptionMessage(id, RemoteException{"RuntimeError", "torchrpc's Python handler failed: " + what,
+                                              "", "<python call>", worker});
+}
+
+}  // namespace
+
+Message pythonResponse(const py::handle& outcome, uint64_t id, const std::string& worker) {
   py::tuple out = py::reinterpret_borrow<py::tuple>(outcome);
   if (out[0].cast<std::string>() == "ok") {
     Message response;
@@ -63,51 +69,53 @@ Message responseFrom(const py::handle& outcome, uint64_t id, const std::string& 
   return exceptionMessage(id, remoteExceptionFrom(out, worker));
 }
 
-Message bridgeFailure(uint64_t id, const std::string& what, const std::string& worker) {
-  // The handler reports user errors as ("err", ...); this is a bridge bug.
-  return exceptionMessage(id, RemoteException{"RuntimeError", "torchrpc's Python handler failed: " + what,
-                                              "", "<python call>", worker});
+void runAndRespond(uint64_t id, const std::string& worker, const Agent::Responder& respond,
+                   const std::function<py::object()>& handler, const OutcomeResponse& other) {
+  Message response;
+  {
+    PythonTurn turn;  // before the GIL: see python_turn.h
+    Gil gil;
+    try {
+      py::tuple out = handler();
+      const auto kind = out[0].cast<std::string>();
+      if (kind == "async") {
+        // @async_execution: respond when the function's future completes
+        // (its value is already an outcome tuple); this thread is free now.
+        auto future = py::cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>(out[1])->fut;
+        future->addCallback([id, worker, respond](c10::ivalue::Future& done) {
+          Message late;
+          {
+            Gil gil;
+            try {
+              late = done.hasError() ? bridgeFailure(id, done.tryRetrieveErrorMessage(), worker)
+                                     : pythonResponse(torch::jit::toPyObject(done.value()), id, worker);
+            } catch (const std::exception& e) {
+              late = bridgeFailure(id, e.what(), worker);
+            }
+          }
+          respond(std::move(late));
+        });
+        return;
+      }
+      if (kind == "ok" || kind == "err") {
+        response = pythonResponse(out, id, worker);
+      } else {
+        TORCH_CHECK(other, "unknown outcome '", kind, "'");
+        response = other(out);
+      }
+    } catch (const std::exception& e) {
+      response = bridgeFailure(id, e.what(), worker);
+    }
+  }
+  respond(std::move(response));
 }
-
-}  // namespace
 
 void installPythonHandler(Agent& agent, py::object handler) {
   auto fn = sharedPyObject(std::move(handler));
   const std::string worker = agent.options().name;
   agent.setHandler(MessageType::kPythonCall, [fn, worker](Message&& request, int callerRank,
                                                           Agent::Responder respond) {
-    const uint64_t id = request.id;
-    Message response;
-    {
-      PythonTurn turn;  // before the GIL: see python_turn.h
-      Gil gil;
-      try {
-        py::tuple out = callPythonHandler(*fn, request, callerRank);
-        if (out[0].cast<std::string>() == "async") {
-          // @async_execution: respond when the function's future completes
-          // (its value is already an outcome tuple); this thread is free now.
-          auto future = py::cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>(out[1])->fut;
-          future->addCallback([id, worker, respond](c10::ivalue::Future& done) {
-            Message late;
-            {
-              Gil gil;
-              try {
-                late = done.hasError() ? bridgeFailure(id, done.tryRetrieveErrorMessage(), worker)
-                                       : responseFrom(torch::jit::toPyObject(done.value()), id, worker);
-              } catch (const std::exception& e) {
-                late = bridgeFailure(id, e.what(), worker);
-              }
-            }
-            respond(std::move(late));
-          });
-          return;
-        }
-        response = responseFrom(out, id, worker);
-      } catch (const std::exception& e) {
-        response = bridgeFailure(id, e.what(), worker);
-      }
-    }
-    respond(std::move(response));
+    runAndRespond(request.id, worker, respond, [&] { return callPythonHandler(*fn, request, callerRank); });
   });
 }
 

@@ -34,4 +34,17 @@ pybind11::tuple callPythonHandler(const pybind11::object& handler, Message& requ
 // The exception of a handler's ("err", type, message, traceback, function).
 RemoteException remoteExceptionFrom(const pybind11::tuple& outcome, const std::string& worker);
 
+// The response for an ("ok", payload, tensors) or ("err", ...) outcome:
+// PYTHON_RET or EXCEPTION. Needs the GIL.
+Message pythonResponse(const pybind11::handle& outcome, uint64_t id, const std::string& worker);
+
+// Runs `handler` in a Python turn under the GIL and responds once with its
+// outcome: ("ok", ...) and ("err", ...) at once, ("async", future) when the
+// future (of such an outcome) completes. `other`, if given, makes the
+// response of any other outcome (under the GIL); an outcome neither knows,
+// or an exception, is answered as the bridge's failure.
+using OutcomeResponse = std::function<Message(const pybind11::tuple& outcome)>;
+void runAndRespond(uint64_t id, const std::string& worker, const Agent::Responder& respond,
+                   const std::function<pybind11::object()>& handler, const OutcomeResponse& other = nullptr);
+
 }  // namespace torchrpc::python_fallback

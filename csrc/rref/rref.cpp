@@ -1,5 +1,8 @@
 #include "rref/rref.h"
 
+#include <chrono>
+#include <future>
+
 #include "common/error.h"
 #include "rref/rref_context.h"
 
@@ -27,6 +30,18 @@ OwnerRRef::~OwnerRRef() {
 }
 
 void OwnerRRef::setValue(c10::IValue value) { value_->markCompleted(std::move(value)); }
+
+bool OwnerRRef::waitValue(double seconds) const {
+  if (value_->completed()) return true;
+  if (seconds <= 0) {
+    value_->wait();
+    return true;
+  }
+  auto done = std::make_shared<std::promise<void>>();
+  auto ready = done->get_future();
+  value_->addCallback([done](c10::ivalue::Future&) { done->set_value(); });
+  return ready.wait_for(std::chrono::duration<double>(seconds)) == std::future_status::ready;
+}
 
 void OwnerRRef::setError(const RemoteException& error) {
   {

@@ -103,6 +103,9 @@ class OwnerRRef final : public RRef {
   void setError(const RemoteException& error);
   // The creation error, if any (set before value() completes).
   std::optional<RemoteException> error() const;
+  // Blocks until value() completes, at most `seconds` (<= 0: no limit);
+  // false if it did not. The caller releases the GIL (or any lock) first.
+  bool waitValue(double seconds) const;
 
  private:
   FuturePtr value_;

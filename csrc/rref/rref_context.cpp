@@ -61,6 +61,7 @@ RRefContext::~RRefContext() = default;
 
 void RRefContext::setPythonRunner(PythonRunner runner) { pythonRunner_ = std::move(runner); }
 void RRefContext::setPythonEncoder(PythonEncoder encoder) { pythonEncoder_ = std::move(encoder); }
+void RRefContext::setPythonMethodRunner(PythonMethodRunner runner) { pythonMethodRunner_ = std::move(runner); }
 
 std::string RRefContext::workerLabel(int rank) const {
   try {
@@ -96,6 +97,9 @@ void RRefContext::installHandlers() {
           case MessageType::kRRefFetch:
             self->handleFetch(std::move(request), std::move(respond));
             return;
+          case MessageType::kRRefMethodCall:
+            self->handleMethodCall(std::move(request), std::move(respond));
+            return;
           case MessageType::kRRefUserDelete:
             parseIds(request, &a, &b);
             self->onUserDelete(a, b);
@@ -127,6 +131,7 @@ void RRefContext::installHandlers() {
   install(MessageType::kRRefUserDelete);
   install(MessageType::kRRefForkRequest);
   install(MessageType::kRRefChildAccept);
+  install(MessageType::kRRefMethodCall);
 }
 
 // ---- owner table -------------------------------------------------------------
@@ -333,6 +338,48 @@ Message RRefContext::encodeValue(uint64_t id, const c10::IValue& value) {
     return pythonEncoder_(id, value);
   }
   return ivalueMessage(MessageType::kScriptRet, id, c10::ivalue::Tuple::create({value}));
+}
+
+RRefContext::FuturePtr RRefContext::methodCall(const std::shared_ptr<RRef>& rref, Message&& call,
+                                               const std::string& name, double timeoutSeconds,
+                                               const std::string& callKind) {
+  TORCH_CHECK(rref->context().get() == this,
+              "this RRef belongs to an earlier torchrpc session (before shutdown); it cannot be used");
+  TORCH_CHECK(!rref->isOwner(), "RREF_METHOD_CALL of an owner RRef");
+  auto future = agent_->send(rref->owner(), std::move(call), timeoutSeconds, callKind,
+                             name + "() of RRef " + rref->id().str());
+  // The owner keeps the value while this worker's RRef lives: until the answer.
+  future->addCallback([keep = rref](c10::ivalue::Future&) {});
+  return future;
+}
+
+void RRefContext::handleMethodCall(Message&& request, Agent::Responder respond) {
+  const uint64_t id = request.id;
+  MethodCall call = parseMethodCall(std::move(request));
+  std::shared_ptr<OwnerRRef> owner;
+  {
+    // Created on demand, as for a fetch: the call may run before the REMOTE_CALL.
+    std::lock_guard<std::mutex> lock(mutex_);
+    owner = ownerEntryLocked(call.rrefId).rref;
+  }
+  const std::string what = call.name + "() of RRef " + call.rrefId.str();
+  if (!owner->waitValue(defaultTimeoutSeconds())) {
+    respond(exceptionMessage(id, RemoteException{"torchrpc.errors.RpcTimeoutError",
+                                                 "the value of RRef " + call.rrefId.str() + " was not created on " +
+                                                     workerName() + " within " +
+                                                     std::to_string(defaultTimeoutSeconds()) + " s",
+                                                 "", what, workerName()}));
+    return;
+  }
+  const auto& value = owner->value();
+  if (value->hasError()) {
+    auto error = owner->error();
+    respond(error ? exceptionMessage(id, *error)
+                  : exceptionMessage(id, describeException(value->exception_ptr(), what, workerName())));
+    return;
+  }
+  TORCH_CHECK(pythonMethodRunner_, "no Python method runner installed on ", workerName());
+  pythonMethodRunner_(id, value->value(), call.name, call.args, call.kwargs, std::move(respond));
 }
 
 bool RRefContext::fetchAtOnce(const Message& request, const Agent::Responder& respond) {

@@ -70,6 +70,11 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
                          std::function<void(const RemoteException&)> onError)>;
   // Encodes a PyObject IValue as a PYTHON_RET response (takes the GIL).
   using PythonEncoder = std::function<Message(uint64_t id, const c10::IValue& value)>;
+  // Calls method `name` of an owner's value (takes the GIL) and responds,
+  // exactly once, with its result or the exception (RREF_METHOD_CALL).
+  using PythonMethodRunner =
+      std::function<void(uint64_t id, const c10::IValue& object, const std::string& name,
+                         const c10::IValue& args, const c10::IValue& kwargs, Agent::Responder respond)>;
 
   // Creates the context and installs its handlers on the agent. The newest
   // context becomes current() (one init_rpc or torchrpc::Worker per process).
@@ -82,8 +87,10 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
 
   void setPythonRunner(PythonRunner runner);
   void setPythonEncoder(PythonEncoder encoder);
+  void setPythonMethodRunner(PythonMethodRunner runner);
 
   int rank() const { return rank_; }
+  Agent& agent() const { return *agent_; }
   const std::string& workerName() const { return agent_->options().name; }
   std::string workerLabel(int rank) const;
   // Calls that pass timeout -1 (the TorchScript RRef class and ops) use this.
@@ -101,6 +108,14 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // with the response value: a 1-tuple (value) for an IValue, the usual
   // (payload, tensors) pair for a Python value; or fails with the owner's error.
   FuturePtr fetch(const std::shared_ptr<UserRRef>& rref, double timeoutSeconds);
+
+  // rref.rpc_sync().name(*args, **kwargs) without pickling: sends `call`, an
+  // RREF_METHOD_CALL of rref (rref_messages.h; its arguments hold no RRef),
+  // to the owner. Completes like fetch(); `rref` is kept alive until then.
+  // A user RRef's owner knows it by its fork; an owner RRef that was never
+  // forked is not in its owner's table, so the owner's own proxies pickle.
+  FuturePtr methodCall(const std::shared_ptr<RRef>& rref, Message&& call, const std::string& name,
+                       double timeoutSeconds, const std::string& callKind);
 
   // Pickling an RRef into a message, and unpickling it on the receiver.
   // Neither blocks nor sends on the calling thread (receive() may run on the
@@ -168,6 +183,7 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
                    std::function<void()> done);
   void handleRemoteCall(Message&& request, int callerRank, Agent::Responder respond);
   void handleFetch(Message&& request, Agent::Responder respond);
+  void handleMethodCall(Message&& request, Agent::Responder respond);
   // The I/O thread's answer to a fetch of a TorchScript value that exists;
   // false leaves the fetch to handleFetch.
   bool fetchAtOnce(const Message& request, const Agent::Responder& respond);
@@ -189,6 +205,7 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   std::atomic<int64_t> nextLocal_{1};
   PythonRunner pythonRunner_;
   PythonEncoder pythonEncoder_;
+  PythonMethodRunner pythonMethodRunner_;
 
   mutable std::mutex mutex_;
   std::unordered_map<RRefId, OwnerEntry, GlobalIdHash> owners_;

@@ -60,6 +60,37 @@ Message parseRemoteCall(Message&& m, RRefId* rrefId, ForkId* forkId) {
   return call;
 }
 
+Message methodCallMessage(const RRefId& rrefId, const std::string& name, c10::IValue args,
+                          c10::IValue kwargs) {
+  Message call = ivalueMessage(MessageType::kRRefMethodCall, 0,
+                               c10::ivalue::Tuple::create({name, std::move(args), std::move(kwargs)}));
+  Message m;
+  m.type = MessageType::kRRefMethodCall;
+  m.payload.reserve(kIdBytes + call.payload.size());
+  putId(m.payload, rrefId);
+  m.payload.append(call.payload);
+  m.tensors = std::move(call.tensors);
+  return m;
+}
+
+MethodCall parseMethodCall(Message&& m) {
+  TORCH_CHECK(m.payload.size() > kIdBytes, "malformed RREF_METHOD_CALL: ", m.payload.size(), " bytes");
+  MethodCall out;
+  out.rrefId = getId(m.payload, 0);
+  m.payload.erase(0, kIdBytes);
+  c10::IValue value = messageIValue(m);
+  TORCH_CHECK(value.isTuple() && value.toTupleRef().elements().size() == 3,
+              "malformed RREF_METHOD_CALL: expected (name, args, kwargs)");
+  const auto& el = value.toTupleRef().elements();
+  TORCH_CHECK(el[0].isString() && el[1].isTuple() && el[2].isGenericDict(),
+              "malformed RREF_METHOD_CALL: expected (str, tuple, dict), got (", el[0].tagKind(), ", ",
+              el[1].tagKind(), ", ", el[2].tagKind(), ")");
+  out.name = el[0].toStringRef();
+  out.args = el[1];
+  out.kwargs = el[2];
+  return out;
+}
+
 Message idsMessage(MessageType type, const GlobalId& a) {
   Message m;
   m.type = type;

@@ -13,8 +13,19 @@
 //   RREF_FORK_REQUEST  rrefId, forkId. Owner adds the fork. Ack.
 //   RREF_CHILD_ACCEPT  forkId. The parent drops the reference that kept its
 //                      RRef alive while the child's fork was unconfirmed. Ack.
+//   RREF_METHOD_CALL   rrefId, then (method name, args tuple, kwargs dict)
+//                      pickled as IValues; tensors = theirs. The owner calls
+//                      the method of the value (under the GIL) and answers
+//                      with the result, as for RREF_FETCH. Sent by proxies
+//                      (rref.rpc_sync().m(...)) when every argument is an
+//                      IValue; the caller's RRef is alive until the answer,
+//                      so the message needs no fork.
 //
 // An ack is a SCRIPT_RET carrying None.
+
+#include <ATen/core/ivalue.h>
+
+#include <string>
 
 #include "message/message.h"
 #include "rref/rref.h"
@@ -24,6 +35,17 @@ namespace torchrpc::rref {
 Message remoteCallMessage(const RRefId& rrefId, const ForkId& forkId, Message&& call);
 // Splits a REMOTE_CALL back into ids and the inner call (which keeps the id).
 Message parseRemoteCall(Message&& m, RRefId* rrefId, ForkId* forkId);
+
+struct MethodCall {
+  RRefId rrefId;
+  std::string name;
+  c10::IValue args;    // a tuple
+  c10::IValue kwargs;  // a dict str -> Any
+};
+Message methodCallMessage(const RRefId& rrefId, const std::string& name, c10::IValue args,
+                          c10::IValue kwargs);
+// Throws on a malformed payload.
+MethodCall parseMethodCall(Message&& m);
 
 Message idsMessage(MessageType type, const GlobalId& a);
 Message idsMessage(MessageType type, const GlobalId& a, const GlobalId& b);

@@ -198,6 +198,51 @@ class Counter:
         return x + self.value
 
 
+class Echo:
+    """A remote object whose methods return what they were given, and what
+    the owner saw of it (for RRef proxies)."""
+
+    def __init__(self):
+        self._busy = threading.Lock()
+
+    def value(self, v):
+        return v
+
+    def call(self, *args, **kwargs):
+        return args, kwargs
+
+    def seen(self, *args, **kwargs):
+        """The owner's view of the arguments: types, and requires_grad of tensors."""
+        def describe(v):
+            if isinstance(v, torch.Tensor):
+                return (type(v).__name__, v.requires_grad)
+            if isinstance(v, (tuple, list)):
+                return (type(v).__name__, [describe(x) for x in v])
+            if isinstance(v, dict):
+                return ("dict", {k: describe(x) for k, x in v.items()})
+            return type(v).__name__
+        return describe(args), describe(kwargs)
+
+    def size_of(self, t):
+        return t.size()
+
+    def grad_result(self):
+        return torch.ones(2, requires_grad=True) * 2
+
+    def fail(self, message):
+        raise CustomError(message)
+
+    def sleep(self, seconds):
+        with self._busy:
+            time.sleep(seconds)
+        return seconds
+
+    def wait_idle(self):
+        """Returns once no sleep() runs."""
+        with self._busy:
+            return True
+
+
 # ---- the worker's main thread -------------------------------------------------
 
 _main_tasks = queue.Queue()

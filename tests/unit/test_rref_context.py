@@ -20,7 +20,8 @@ class World:
         peers = [(f"w{r}", r, tcp, unix, "test-host") for r, (tcp, unix) in enumerate(addresses)]
         for a in self.agents:
             a.set_peers(peers)
-        self.ctx = [C.RRefContext(a, python_fallback.handle_remote, python_fallback.encode_value)
+        self.ctx = [C.RRefContext(a, python_fallback.handle_remote, python_fallback.encode_value,
+                                   python_fallback.handle_method)
                     for a in self.agents]
         for a in self.agents:
             a.start_serving()
@@ -196,3 +197,21 @@ def test_rref_of_another_session_cannot_be_sent(world):
     owner = world.ctx[0].create_owner(1)
     with pytest.raises(RuntimeError, match="earlier torchrpc session"):
         world.ctx[1].fork(owner)
+
+
+def test_method_call_runs_on_the_owners_value(world):
+    # RREF_METHOD_CALL (proxies with plain arguments): no fork travels, the
+    # owner calls the method on the value it holds, TorchScript or Python.
+    tensor = world.ctx[1].receive(world.ctx[0].fork(world.ctx[0].create_owner(torch.ones(3))))
+    mapping = world.ctx[2].receive(world.ctx[0].fork(world.ctx[0].create_owner({"v": [1, 2]})))
+    ok, value = world.ctx[1].method_call(tensor, "add", (torch.ones(3),), {"alpha": 2}, 10.0, "rpc_sync").result()
+    assert ok and torch.equal(python_fallback.decode_value(value), torch.full((3,), 3.0))
+    ok, value = world.ctx[2].method_call(mapping, "get", ("v",), {}, 10.0, "rpc_sync").result()
+    assert ok and python_fallback.decode_value(value) == [1, 2]
+    ok, (kind, message, remote_type, _) = world.ctx[2].method_call(mapping, "nope", (), {}, 10.0,
+                                                                     "rpc_sync").result()
+    assert not ok and remote_type == "AttributeError" and "nope" in message and "w0" in message
+    assert world.ctx[1].method_call(tensor, "add", (object(),), {}, 10.0, "rpc_sync") is None  # not an IValue
+    del tensor, mapping
+    world.settle()
+    assert world.owners(0) == {}
