@@ -560,7 +560,7 @@ def _method_call(call_kind, rref, name, args, kwargs, timeout):
     RREF_METHOD_CALL: the arguments travel as IValues and the owner calls the
     method on its value, with no pickle and no fork of the RRef. In the
     distributed RNN tutorial's training loop a proxy call took 280-330 us
-    pickled and 215-245 us so (the iteration 1.43-1.51x -> 1.35-1.37x its
+    pickled and 190-220 us so (the iteration 1.44-1.45x -> 1.34-1.35x its
     local twin); back to back 51 -> 39 us for a method taking an int.
     None when an argument is not plain (python_fallback.plain), the RRef is
     the owner's own, or torchrpc is not running: the caller then sends the

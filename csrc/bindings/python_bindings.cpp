@@ -543,10 +543,10 @@ PYBIND11_MODULE(_C, m) {
               const std::string& kind) -> std::optional<Call> {
              c10::IValue argValues, kwValues;
              try {
-               argValues = torch::jit::toIValue(args, c10::AnyType::get());
+               argValues = torchrpc::python_fallback::plainIValue(args);
                c10::impl::GenericDict kw(c10::StringType::get(), c10::AnyType::get());
                for (auto item : kwargs) {
-                 kw.insert(py::cast<std::string>(item.first), torch::jit::toIValue(item.second, c10::AnyType::get()));
+                 kw.insert(py::cast<std::string>(item.first), torchrpc::python_fallback::plainIValue(item.second));
                }
                kwValues = std::move(kw);
              } catch (const std::exception&) {

@@ -80,7 +80,54 @@ Outcome decodeOutcome(const py::tuple& out, const std::string& worker) {
   return o;
 }
 
+// The element type of a plain list or dict value: that of its first element.
+c10::TypePtr elementType(const py::handle& first) {
+  if (THPVariable_Check(first.ptr())) return c10::TensorType::get();
+  if (PyBool_Check(first.ptr())) return c10::BoolType::get();
+  if (PyLong_Check(first.ptr())) return c10::IntType::get();
+  if (PyFloat_Check(first.ptr())) return c10::FloatType::get();
+  if (PyUnicode_Check(first.ptr())) return c10::StringType::get();
+  TORCH_CHECK(false, "not a plain list element: ", py::str(first.get_type()).cast<std::string>());
+}
+
 }  // namespace
+
+c10::IValue plainIValue(const py::handle& obj) {
+  PyObject* p = obj.ptr();
+  if (THPVariable_Check(p)) return THPVariable_Unpack(p);
+  if (p == Py_None) return c10::IValue();
+  if (PyBool_Check(p)) return p == Py_True;
+  if (PyLong_Check(p)) {
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(p, &overflow);
+    TORCH_CHECK(overflow == 0, "an int beyond 64 bits is not a plain value");
+    return static_cast<int64_t>(v);
+  }
+  if (PyFloat_Check(p)) return PyFloat_AS_DOUBLE(p);
+  if (PyUnicode_Check(p)) return obj.cast<std::string>();
+  if (PyTuple_Check(p)) {
+    std::vector<c10::IValue> items;
+    items.reserve(PyTuple_GET_SIZE(p));
+    for (auto item : py::reinterpret_borrow<py::tuple>(obj)) items.push_back(plainIValue(item));
+    return c10::ivalue::Tuple::create(std::move(items));
+  }
+  if (PyList_Check(p)) {
+    auto list = py::reinterpret_borrow<py::list>(obj);
+    TORCH_CHECK(!list.empty(), "an empty list is not a plain value");
+    c10::impl::GenericList out(elementType(list[0]));
+    out.reserve(list.size());
+    for (auto item : list) out.push_back(plainIValue(item));
+    return out;
+  }
+  if (PyDict_Check(p)) {
+    auto dict = py::reinterpret_borrow<py::dict>(obj);
+    TORCH_CHECK(!dict.empty(), "an empty dict is not a plain value");
+    c10::impl::GenericDict out(c10::StringType::get(), elementType(dict.begin()->second));
+    for (auto item : dict) out.insert(item.first.cast<std::string>(), plainIValue(item.second));
+    return out;
+  }
+  TORCH_CHECK(false, "not a plain value: ", py::str(obj.get_type()).cast<std::string>());
+}
 
 c10::IValue pyObjectIValue(py::object obj) {
   c10::intrusive_ptr<c10::ivalue::PyObjectHolder> holder = c10::make_intrusive<PyValueHolder>(std::move(obj));
@@ -155,7 +202,7 @@ void installRRefPython(rref::RRefContext& ctx, py::object runner, py::object enc
           // (a 1-tuple, as RREF_FETCH answers); pickled if it is not one.
           TORCH_CHECK(out[0].cast<std::string>() == "value", "unknown outcome");
           try {
-            auto value = torch::jit::toIValue(out[1], c10::AnyType::get());
+            auto value = plainIValue(out[1]);
             return ivalueMessage(MessageType::kScriptRet, id, c10::ivalue::Tuple::create({std::move(value)}));
           } catch (const std::exception&) {
             return pythonResponse((*encode)(out[1], name), id, worker);
