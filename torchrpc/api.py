@@ -568,7 +568,7 @@ def _method_call(call_kind, rref, name, args, kwargs, timeout):
     state = _state
     if state is None or rref._handle.is_owner():  # the owner's own proxy: a pickled call to itself
         return None
-    grads = python_fallback.in_autograd_context()
+    grads = python_fallback.grads_recorded()
     if not (python_fallback.plain(args, grads) and all(python_fallback.plain(v, grads) for v in kwargs.values())):
         return None
     seconds = _timeout(timeout, call_kind)

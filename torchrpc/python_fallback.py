@@ -275,9 +275,12 @@ _ELEMENTS = frozenset({torch.Tensor, int, float, bool, str})  # of lists and dic
 _INT64 = range(-(1 << 63), 1 << 63)
 
 
-def in_autograd_context():
-    """Whether this thread is in a distributed autograd context."""
-    return native().autograd_current_context() != -1
+def grads_recorded():
+    """Whether a tensor that requires grad, sent from this thread as an IValue,
+    arrives requiring grad: in a distributed autograd context with grad mode
+    on, whose recording gives it its history; otherwise only a pickle
+    carries requires_grad."""
+    return torch.is_grad_enabled() and native().autograd_current_context() != -1
 
 
 def plain(value, grads):
@@ -286,13 +289,12 @@ def plain(value, grads):
     exact type torch.Tensor (Parameters and subclasses keep their type only
     when pickled), tuples of plain values, and non-empty lists and dicts
     (str keys) of one kind of element. A tensor that requires grad is plain
-    only if `grads` (in a distributed autograd context, which records it;
-    otherwise only a pickle carries requires_grad)."""
+    only if `grads` (see grads_recorded)."""
     kind = type(value)
     if kind in _SCALARS:
         return kind is not int or value in _INT64
     if kind is torch.Tensor:
-        return value.layout == torch.strided and (grads or not value.requires_grad)
+        return value.is_cpu and value.layout == torch.strided and (grads or not value.requires_grad)
     if kind is tuple:
         return all(plain(v, grads) for v in value)
     if kind is list or kind is dict:
@@ -374,7 +376,7 @@ def handle_method(obj, name, args, kwargs):
         return _error(exc, label)
     future = _async_future(result, label, method)
     if future is None:
-        return ("value", result) if plain(result, in_autograd_context()) else encode_value(result, label)
+        return ("value", result) if plain(result, grads_recorded()) else encode_value(result, label)
     if isinstance(future, tuple):
         return future
     return ("async", future.then(lambda done: _outcome(done, label)))

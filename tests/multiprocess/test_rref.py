@@ -168,6 +168,10 @@ def test_proxy_calls_keep_requires_grad_outside_a_context():
     assert obj.rpc_sync().seen(torch.ones(2)) == (("tuple", [("Tensor", False)]), ("dict", {}))
     y = obj.rpc_sync().grad_result()
     assert y.requires_grad and torch.equal(y.detach(), torch.full((2,), 2.0))
+    with rpc.autograd.context():  # recorded: the owner's copy has a history
+        assert obj.rpc_sync().seen(x) == (("tuple", [("Tensor", True)]), ("dict", {}))
+        with torch.no_grad():  # not recorded: pickled, as outside a context
+            assert obj.rpc_sync().seen(x) == (("tuple", [("Tensor", True)]), ("dict", {}))
 
 
 def test_proxy_errors_name_the_method_and_the_owner():
