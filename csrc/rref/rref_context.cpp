@@ -91,14 +91,15 @@ void RRefContext::installHandlers() {
       try {
         GlobalId a, b;
         switch (type) {
+          // A copy of respond: the catch below answers with it if they throw.
           case MessageType::kRemoteCall:
-            self->handleRemoteCall(std::move(request), callerRank, std::move(respond));
+            self->handleRemoteCall(std::move(request), callerRank, respond);
             return;
           case MessageType::kRRefFetch:
-            self->handleFetch(std::move(request), std::move(respond));
+            self->handleFetch(std::move(request), respond);
             return;
           case MessageType::kRRefMethodCall:
-            self->handleMethodCall(std::move(request), std::move(respond));
+            self->handleMethodCall(std::move(request), respond);
             return;
           case MessageType::kRRefUserDelete:
             parseIds(request, &a, &b);
@@ -378,7 +379,9 @@ void RRefContext::handleMethodCall(Message&& request, Agent::Responder respond) 
                   : exceptionMessage(id, describeException(value->exception_ptr(), what, workerName())));
     return;
   }
-  TORCH_CHECK(pythonMethodRunner_, "no Python method runner installed on ", workerName());
+  TORCH_CHECK(pythonMethodRunner_, "cannot run ", what, ": ", workerName(),
+              " runs no Python (a C++ worker); its RRefs' methods cannot be called through proxies, "
+              "call its TorchScript functions instead");
   pythonMethodRunner_(id, value->value(), call.name, call.args, call.kwargs, std::move(respond));
 }
 

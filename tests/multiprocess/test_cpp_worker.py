@@ -54,6 +54,9 @@ def test_cpp_worker_owns_and_serves_rrefs(job):
     assert torch.equal(rref.to_here(), X * 6)
     # a third worker fetches it from the C++ owner, from TorchScript
     assert torch.equal(rpc.rpc_sync("worker1", funcs.script_to_here, args=(rref,)), X * 6)
+    # proxies need Python on the owner: a clear error, not a hang
+    with pytest.raises(RuntimeError, match=r"(?s)add\(\) of RRef.*worker2 runs no Python"):
+        rref.rpc_sync(timeout=10).add(X)
     del rref
     funcs.rref_settle()
     assert rpc.rpc_sync("worker1", funcs.rref_settle) == 0
