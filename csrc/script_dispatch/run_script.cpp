@@ -126,7 +126,8 @@ void run(Message&& request, Registry& registry, const TaskLauncher& launcher,
     }
     torch::jit::Stack stack = stackOf(el[2]);
     normalizeInputs(callee->schema(), stack, el.at(3).toGenericDict(), function, worker);
-    respondWhenDone(callee->runAsync(stack, launcher), id, function, worker, std::move(respond));
+    auto done = callee->runAsync(stack, launcher);  // before respond moves: the catch needs it if this throws
+    respondWhenDone(std::move(done), id, function, worker, std::move(respond));
   } catch (...) {
     respond(exceptionMessage(id, describeException(std::current_exception(), function, worker)));
   }
