@@ -562,14 +562,11 @@ def _method_call(call_kind, rref, name, args, kwargs, timeout):
     distributed RNN tutorial's training loop a proxy call took 280-330 us
     pickled and 190-220 us so (the iteration 1.44-1.45x -> 1.34-1.35x its
     local twin); back to back 51 -> 39 us for a method taking an int.
-    None when an argument is not plain (python_fallback.plain), the RRef is
-    the owner's own, or torchrpc is not running: the caller then sends the
-    pickled call."""
+    None when an argument is not plain (python_fallback::plainIValue), the
+    RRef is the owner's own, or torchrpc is not running: the caller then
+    sends the pickled call."""
     state = _state
     if state is None or rref._handle.is_owner():  # the owner's own proxy: a pickled call to itself
-        return None
-    grads = python_fallback.grads_recorded()
-    if not (python_fallback.plain(args, grads) and all(python_fallback.plain(v, grads) for v in kwargs.values())):
         return None
     seconds = _timeout(timeout, call_kind)
     call = state.rref_ctx.method_call(rref._handle, name, args, kwargs, seconds, call_kind)

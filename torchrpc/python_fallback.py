@@ -13,8 +13,9 @@ unpickle, run, pickle the result, or report the exception with its type,
 message and traceback.
 
 RRef proxies (``rref.rpc_sync().m(x)``) skip pickling when every argument is
-:func:`plain`: the call travels as IValues (RREF_METHOD_CALL), the owner runs
-it with :func:`handle_method`, and a plain result comes back as an IValue.
+a plain value (python_fallback::plainIValue in csrc): the call travels as
+IValues (RREF_METHOD_CALL), the owner runs it with :func:`handle_method`, and
+a plain result comes back as an IValue.
 """
 
 import hashlib
@@ -30,7 +31,6 @@ import cloudpickle
 import torch
 
 from torchrpc import errors, functions
-from torchrpc._extension import native
 
 
 _lock = threading.Lock()
@@ -268,45 +268,6 @@ def decode_value(value):
     return decode_result(value)
 
 
-# ---- values that travel as IValues -------------------------------------------
-
-_SCALARS = frozenset({int, float, bool, str, type(None)})
-_ELEMENTS = frozenset({torch.Tensor, int, float, bool, str})  # of lists and dict values
-_INT64 = range(-(1 << 63), 1 << 63)
-
-
-def grads_recorded():
-    """Whether a tensor that requires grad, sent from this thread as an IValue,
-    arrives requiring grad: in a distributed autograd context with grad mode
-    on, whose recording gives it its history; otherwise only a pickle
-    carries requires_grad."""
-    return torch.is_grad_enabled() and native().autograd_current_context() != -1
-
-
-def plain(value, grads):
-    """Whether `value` arrives unchanged when sent as an IValue instead of
-    pickled: exact builtin scalars (int within int64), CPU strided tensors of
-    exact type torch.Tensor (Parameters and subclasses keep their type only
-    when pickled), tuples of plain values, and non-empty lists and dicts
-    (str keys) of one kind of element. A tensor that requires grad is plain
-    only if `grads` (see grads_recorded)."""
-    kind = type(value)
-    if kind in _SCALARS:
-        return kind is not int or value in _INT64
-    if kind is torch.Tensor:
-        return value.is_cpu and value.layout == torch.strided and (grads or not value.requires_grad)
-    if kind is tuple:
-        return all(plain(v, grads) for v in value)
-    if kind is list or kind is dict:
-        if kind is dict:
-            if not all(type(k) is str for k in value):
-                return False
-            value = value.values()
-        kinds = {type(v) for v in value}
-        return len(kinds) == 1 and kinds <= _ELEMENTS and all(plain(v, grads) for v in value)
-    return False
-
-
 # ---- callee side -------------------------------------------------------------
 
 def _qualified_type(exc):
@@ -366,8 +327,9 @@ def handle_call(payload, tensors, caller_rank):
 def handle_method(obj, name, args, kwargs):
     """Runs obj.name(*args, **kwargs) for an RREF_METHOD_CALL (a proxy's call
     of a method of an RRef's value), on the owner. Called by the native bridge
-    with the GIL held. Returns ("value", result) for a plain result (sent as
-    an IValue), else what handle_call returns."""
+    with the GIL held. Returns ("value", result, label): the bridge sends a
+    plain result as an IValue and pickles any other (encode_value(result,
+    label)); or ("err", ...), or ("async", future) as handle_call does."""
     label = f"{type(obj).__qualname__}.{name}"
     try:
         method = getattr(obj, name)
@@ -376,7 +338,7 @@ def handle_method(obj, name, args, kwargs):
         return _error(exc, label)
     future = _async_future(result, label, method)
     if future is None:
-        return ("value", result) if plain(result, grads_recorded()) else encode_value(result, label)
+        return ("value", result, label)
     if isinstance(future, tuple):
         return future
     return ("async", future.then(lambda done: _outcome(done, label)))

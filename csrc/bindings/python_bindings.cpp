@@ -535,25 +535,24 @@ PYBIND11_MODULE(_C, m) {
              py::gil_scoped_release nogil;
              return Call{c.fetch(user, timeout)};
            })
-      // rref.rpc_sync().name(*args, **kwargs) with IValue arguments; None when
-      // an argument is not one (the caller then pickles the call).
+      // rref.rpc_sync().name(*args, **kwargs) with plain arguments
+      // (python_fallback::plainIValue); None when one is not (the caller
+      // then pickles the call).
       .def("method_call",
            [](rref::RRefContext& c, const std::shared_ptr<rref::RRef>& r, const std::string& name,
               const py::tuple& args, const py::dict& kwargs, double timeout,
               const std::string& kind) -> std::optional<Call> {
-             c10::IValue argValues, kwValues;
-             try {
-               argValues = torchrpc::python_fallback::plainIValue(args);
-               c10::impl::GenericDict kw(c10::StringType::get(), c10::AnyType::get());
-               for (auto item : kwargs) {
-                 kw.insert(py::cast<std::string>(item.first), torchrpc::python_fallback::plainIValue(item.second));
-               }
-               kwValues = std::move(kw);
-             } catch (const std::exception&) {
-               return std::nullopt;
+             const bool grads = torchrpc::python_fallback::gradsRecorded();
+             auto argValues = torchrpc::python_fallback::plainIValue(args, grads);
+             if (!argValues) return std::nullopt;
+             c10::impl::GenericDict kwValues(c10::StringType::get(), c10::AnyType::get());
+             for (auto item : kwargs) {
+               auto v = torchrpc::python_fallback::plainIValue(item.second, grads);
+               if (!v) return std::nullopt;
+               kwValues.insert(py::cast<std::string>(item.first), std::move(*v));
              }
              return translated([&] {
-               auto msg = rref::methodCallMessage(r->id(), name, std::move(argValues), std::move(kwValues));
+               auto msg = rref::methodCallMessage(r->id(), name, std::move(*argValues), std::move(kwValues));
                std::optional<py::gil_scoped_release> nogil;
                if (sendMayWait(c.agent(), r->owner(), msg)) nogil.emplace();
                return Call{c.methodCall(r, std::move(msg), name, timeout, kind)};

@@ -5,8 +5,11 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <c10/core/GradMode.h>
+
 #include <optional>
 
+#include "autograd/context.h"
 #include "message/payload.h"
 #include "python_fallback/run_python.h"
 
@@ -80,53 +83,93 @@ Outcome decodeOutcome(const py::tuple& out, const std::string& worker) {
   return o;
 }
 
-// The element type of a plain list or dict value: that of its first element.
-c10::TypePtr elementType(const py::handle& first) {
-  if (THPVariable_Check(first.ptr())) return c10::TensorType::get();
-  if (PyBool_Check(first.ptr())) return c10::BoolType::get();
-  if (PyLong_Check(first.ptr())) return c10::IntType::get();
-  if (PyFloat_Check(first.ptr())) return c10::FloatType::get();
-  if (PyUnicode_Check(first.ptr())) return c10::StringType::get();
-  TORCH_CHECK(false, "not a plain list element: ", py::str(first.get_type()).cast<std::string>());
+// The element type of a plain list or dict: that of its first element,
+// which every other element must share exactly; null if it is not one.
+c10::TypePtr elementType(PyObject* first) {
+  if (THPVariable_CheckExact(first)) return c10::TensorType::get();
+  if (PyBool_Check(first)) return c10::BoolType::get();
+  if (PyLong_CheckExact(first)) return c10::IntType::get();
+  if (PyFloat_CheckExact(first)) return c10::FloatType::get();
+  if (PyUnicode_CheckExact(first)) return c10::StringType::get();
+  return nullptr;
+}
+
+std::optional<std::string> plainString(PyObject* p) {
+  Py_ssize_t size = 0;
+  const char* data = PyUnicode_AsUTF8AndSize(p, &size);
+  if (data == nullptr) {  // e.g. lone surrogates: only a pickle carries them
+    PyErr_Clear();
+    return std::nullopt;
+  }
+  return std::string(data, size);
 }
 
 }  // namespace
 
-c10::IValue plainIValue(const py::handle& obj) {
+bool gradsRecorded() {
+  return c10::GradMode::is_enabled() && autograd::Container::currentId() != -1;
+}
+
+std::optional<c10::IValue> plainIValue(const py::handle& obj, bool grads) {
   PyObject* p = obj.ptr();
-  if (THPVariable_Check(p)) return THPVariable_Unpack(p);
+  if (THPVariable_CheckExact(p)) {
+    const auto& t = THPVariable_Unpack(p);
+    if (!t.is_cpu() || t.layout() != c10::kStrided || (t.requires_grad() && !grads)) return std::nullopt;
+    return c10::IValue(t);
+  }
   if (p == Py_None) return c10::IValue();
-  if (PyBool_Check(p)) return p == Py_True;
-  if (PyLong_Check(p)) {
+  if (PyBool_Check(p)) return c10::IValue(p == Py_True);
+  if (PyLong_CheckExact(p)) {
     int overflow = 0;
     const long long v = PyLong_AsLongLongAndOverflow(p, &overflow);
-    TORCH_CHECK(overflow == 0, "an int beyond 64 bits is not a plain value");
-    return static_cast<int64_t>(v);
+    if (overflow != 0) return std::nullopt;
+    return c10::IValue(static_cast<int64_t>(v));
   }
-  if (PyFloat_Check(p)) return PyFloat_AS_DOUBLE(p);
-  if (PyUnicode_Check(p)) return obj.cast<std::string>();
-  if (PyTuple_Check(p)) {
+  if (PyFloat_CheckExact(p)) return c10::IValue(PyFloat_AS_DOUBLE(p));
+  if (PyUnicode_CheckExact(p)) {
+    auto text = plainString(p);
+    if (!text) return std::nullopt;
+    return c10::IValue(std::move(*text));
+  }
+  if (PyTuple_CheckExact(p)) {
     std::vector<c10::IValue> items;
     items.reserve(PyTuple_GET_SIZE(p));
-    for (auto item : py::reinterpret_borrow<py::tuple>(obj)) items.push_back(plainIValue(item));
-    return c10::ivalue::Tuple::create(std::move(items));
+    for (auto item : py::reinterpret_borrow<py::tuple>(obj)) {
+      auto v = plainIValue(item, grads);
+      if (!v) return std::nullopt;
+      items.push_back(std::move(*v));
+    }
+    return c10::IValue(c10::ivalue::Tuple::create(std::move(items)));
   }
-  if (PyList_Check(p)) {
+  if (PyList_CheckExact(p)) {
     auto list = py::reinterpret_borrow<py::list>(obj);
-    TORCH_CHECK(!list.empty(), "an empty list is not a plain value");
-    c10::impl::GenericList out(elementType(list[0]));
+    auto type = list.empty() ? nullptr : elementType(list[0].ptr());
+    if (!type) return std::nullopt;
+    c10::impl::GenericList out(type);
     out.reserve(list.size());
-    for (auto item : list) out.push_back(plainIValue(item));
-    return out;
+    for (auto item : list) {
+      auto v = Py_TYPE(item.ptr()) == Py_TYPE(list[0].ptr()) ? plainIValue(item, grads) : std::nullopt;
+      if (!v) return std::nullopt;
+      out.push_back(std::move(*v));
+    }
+    return c10::IValue(std::move(out));
   }
-  if (PyDict_Check(p)) {
+  if (PyDict_CheckExact(p)) {
     auto dict = py::reinterpret_borrow<py::dict>(obj);
-    TORCH_CHECK(!dict.empty(), "an empty dict is not a plain value");
-    c10::impl::GenericDict out(c10::StringType::get(), elementType(dict.begin()->second));
-    for (auto item : dict) out.insert(item.first.cast<std::string>(), plainIValue(item.second));
-    return out;
+    auto type = dict.empty() ? nullptr : elementType(dict.begin()->second.ptr());
+    if (!type) return std::nullopt;
+    c10::impl::GenericDict out(c10::StringType::get(), type);
+    PyTypeObject* kind = Py_TYPE(dict.begin()->second.ptr());
+    for (auto item : dict) {
+      if (!PyUnicode_CheckExact(item.first.ptr()) || Py_TYPE(item.second.ptr()) != kind) return std::nullopt;
+      auto key = plainString(item.first.ptr());
+      auto v = key ? plainIValue(item.second, grads) : std::nullopt;
+      if (!v) return std::nullopt;
+      out.insert(std::move(*key), std::move(*v));
+    }
+    return c10::IValue(std::move(out));
   }
-  TORCH_CHECK(false, "not a plain value: ", py::str(obj.get_type()).cast<std::string>());
+  return std::nullopt;
 }
 
 c10::IValue pyObjectIValue(py::object obj) {
@@ -198,15 +241,13 @@ void installRRefPython(rref::RRefContext& ctx, py::object runner, py::object enc
                            torch::jit::toPyObject(kwargs));
         },
         [&](const py::tuple& out) {
-          // ("value", result): a result of plain types, sent as an IValue
-          // (a 1-tuple, as RREF_FETCH answers); pickled if it is not one.
+          // ("value", result, label): a plain result goes as an IValue (a
+          // 1-tuple, as RREF_FETCH answers); anything else is pickled.
           TORCH_CHECK(out[0].cast<std::string>() == "value", "unknown outcome");
-          try {
-            auto value = plainIValue(out[1]);
-            return ivalueMessage(MessageType::kScriptRet, id, c10::ivalue::Tuple::create({std::move(value)}));
-          } catch (const std::exception&) {
-            return pythonResponse((*encode)(out[1], name), id, worker);
+          if (auto value = plainIValue(out[1], gradsRecorded())) {
+            return ivalueMessage(MessageType::kScriptRet, id, c10::ivalue::Tuple::create({std::move(*value)}));
           }
+          return pythonResponse((*encode)(out[1], out[2]), id, worker);
         });
   });
 }

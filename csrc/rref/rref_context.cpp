@@ -12,6 +12,15 @@ namespace torchrpc::rref {
 
 namespace {
 
+// The answer to a request for a value whose creation failed: the owner's
+// recorded error (it names the worker and the creating function), else the
+// future's own.
+Message creationFailure(uint64_t id, const OwnerRRef* owner, const c10::ivalue::Future& value,
+                        const std::string& what, const std::string& worker) {
+  auto error = owner ? owner->error() : std::nullopt;
+  return exceptionMessage(id, error ? *error : describeException(value.exception_ptr(), what, worker));
+}
+
 // Protocol messages (fork requests, deletes, accepts) are tiny; a peer that
 // does not answer within this long is gone or wedged.
 constexpr double kProtocolTimeoutSeconds = 120.0;
@@ -356,7 +365,7 @@ RRefContext::FuturePtr RRefContext::methodCall(const std::shared_ptr<RRef>& rref
 
 void RRefContext::handleMethodCall(Message&& request, Agent::Responder respond) {
   const uint64_t id = request.id;
-  MethodCall call = parseMethodCall(std::move(request));
+  MethodCall call = parseMethodCall(request);
   std::shared_ptr<OwnerRRef> owner;
   {
     // Created on demand, as for a fetch: the call may run before the REMOTE_CALL.
@@ -364,6 +373,8 @@ void RRefContext::handleMethodCall(Message&& request, Agent::Responder respond) 
     owner = ownerEntryLocked(call.rrefId).rref;
   }
   const std::string what = call.name + "() of RRef " + call.rrefId.str();
+  // Waited for here, not in a callback as handleFetch does: the method must
+  // run on this thread, where the call's autograd context is current.
   if (!owner->waitValue(defaultTimeoutSeconds())) {
     respond(exceptionMessage(id, RemoteException{"torchrpc.errors.RpcTimeoutError",
                                                  "the value of RRef " + call.rrefId.str() + " was not created on " +
@@ -374,9 +385,7 @@ void RRefContext::handleMethodCall(Message&& request, Agent::Responder respond) 
   }
   const auto& value = owner->value();
   if (value->hasError()) {
-    auto error = owner->error();
-    respond(error ? exceptionMessage(id, *error)
-                  : exceptionMessage(id, describeException(value->exception_ptr(), what, workerName())));
+    respond(creationFailure(id, owner.get(), *value, what, workerName()));
     return;
   }
   TORCH_CHECK(pythonMethodRunner_, "cannot run ", what, ": ", workerName(),
@@ -427,12 +436,7 @@ void RRefContext::handleFetch(Message&& request, Agent::Responder respond) {
                                rrefId](c10::ivalue::Future& f) {
     try {
       if (f.hasError()) {
-        auto owner = weakOwner.lock();
-        auto error = owner ? owner->error() : std::nullopt;
-        respond(error ? exceptionMessage(id, *error)
-                      : exceptionMessage(id, describeException(f.exception_ptr(),
-                                                               "to_here of RRef " + rrefId.str(),
-                                                               worker)));
+        respond(creationFailure(id, weakOwner.lock().get(), f, "to_here of RRef " + rrefId.str(), worker));
         return;
       }
       auto self = weak.lock();

@@ -62,33 +62,19 @@ Message parseRemoteCall(Message&& m, RRefId* rrefId, ForkId* forkId) {
 
 Message methodCallMessage(const RRefId& rrefId, const std::string& name, c10::IValue args,
                           c10::IValue kwargs) {
-  Message call = ivalueMessage(MessageType::kRRefMethodCall, 0,
-                               c10::ivalue::Tuple::create({name, std::move(args), std::move(kwargs)}));
-  Message m;
-  m.type = MessageType::kRRefMethodCall;
-  m.payload.reserve(kIdBytes + call.payload.size());
-  putId(m.payload, rrefId);
-  m.payload.append(call.payload);
-  m.tensors = std::move(call.tensors);
-  return m;
+  return ivalueMessage(MessageType::kRRefMethodCall, 0,
+                       c10::ivalue::Tuple::create({static_cast<int64_t>(rrefId.worker), rrefId.local, name,
+                                                   std::move(args), std::move(kwargs)}));
 }
 
-MethodCall parseMethodCall(Message&& m) {
-  TORCH_CHECK(m.payload.size() > kIdBytes, "malformed RREF_METHOD_CALL: ", m.payload.size(), " bytes");
-  MethodCall out;
-  out.rrefId = getId(m.payload, 0);
-  m.payload.erase(0, kIdBytes);
+MethodCall parseMethodCall(const Message& m) {
   c10::IValue value = messageIValue(m);
-  TORCH_CHECK(value.isTuple() && value.toTupleRef().elements().size() == 3,
-              "malformed RREF_METHOD_CALL: expected (name, args, kwargs)");
+  TORCH_CHECK(value.isTuple() && value.toTupleRef().elements().size() == 5,
+              "malformed RREF_METHOD_CALL: expected (rref worker, rref id, name, args, kwargs)");
   const auto& el = value.toTupleRef().elements();
-  TORCH_CHECK(el[0].isString() && el[1].isTuple() && el[2].isGenericDict(),
-              "malformed RREF_METHOD_CALL: expected (str, tuple, dict), got (", el[0].tagKind(), ", ",
-              el[1].tagKind(), ", ", el[2].tagKind(), ")");
-  out.name = el[0].toStringRef();
-  out.args = el[1];
-  out.kwargs = el[2];
-  return out;
+  TORCH_CHECK(el[0].isInt() && el[1].isInt() && el[2].isString() && el[3].isTuple() && el[4].isGenericDict(),
+              "malformed RREF_METHOD_CALL: expected (int, int, str, tuple, dict)");
+  return MethodCall{{static_cast<int32_t>(el[0].toInt()), el[1].toInt()}, el[2].toStringRef(), el[3], el[4]};
 }
 
 Message idsMessage(MessageType type, const GlobalId& a) {

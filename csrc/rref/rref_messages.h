@@ -13,8 +13,9 @@
 //   RREF_FORK_REQUEST  rrefId, forkId. Owner adds the fork. Ack.
 //   RREF_CHILD_ACCEPT  forkId. The parent drops the reference that kept its
 //                      RRef alive while the child's fork was unconfirmed. Ack.
-//   RREF_METHOD_CALL   rrefId, then (method name, args tuple, kwargs dict)
-//                      pickled as IValues; tensors = theirs. The owner calls
+//   RREF_METHOD_CALL   (rrefId worker, rrefId counter, method name, args
+//                      tuple, kwargs dict) pickled as IValues; tensors =
+//                      theirs. The owner calls
 //                      the method of the value (under the GIL) and answers
 //                      with the result, as for RREF_FETCH. Sent by proxies
 //                      (rref.rpc_sync().m(...)) when every argument is an
@@ -45,7 +46,7 @@ struct MethodCall {
 Message methodCallMessage(const RRefId& rrefId, const std::string& name, c10::IValue args,
                           c10::IValue kwargs);
 // Throws on a malformed payload.
-MethodCall parseMethodCall(Message&& m);
+MethodCall parseMethodCall(const Message& m);
 
 Message idsMessage(MessageType type, const GlobalId& a);
 Message idsMessage(MessageType type, const GlobalId& a, const GlobalId& b);
