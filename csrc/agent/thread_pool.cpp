@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <sched.h>
 
 #include "common/intra_op.h"
 #include "common/malloc_arenas.h"
@@ -12,8 +13,18 @@
 
 namespace torchrpc {
 
+namespace {
+
+// CPUs this process may run on (its affinity mask, as taskset sets it).
+size_t usableCores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+}  // namespace
+
 ThreadPool::ThreadPool(size_t numThreads, std::string workerName)
-    : workerName_(std::move(workerName)) {
+    : workerName_(std::move(workerName)), cores_(usableCores()) {
   reserveMallocArenas(numThreads);  // an arena each: tensor ops in parallel never share a malloc lock
   threads_.reserve(numThreads);
   alive_ = numThreads;
@@ -33,9 +44,10 @@ void ThreadPool::run(std::function<void()> task) {
     std::lock_guard<std::mutex> lock(mutex_);
     tasks_.push_back(std::move(task));
     queued_.store(tasks_.size());
-    // A spinning thread will pick the task up; wake a sleeper only if none
-    // spins (a spinner that gives up re-checks the queue under the lock).
-    if ((spinning_.load() == 0 || tasks_.size() > 1) && !sleepers_.empty()) {
+    // Polling threads will pick the tasks up; wake a sleeper only for a task
+    // no poller will take (a poller that gives up re-checks the queue under
+    // the lock).
+    if (tasks_.size() > spinning_.load() && !sleepers_.empty()) {
       wake = sleepers_.back();
       sleepers_.pop_back();
       wake->woken = true;
@@ -52,30 +64,45 @@ size_t ThreadPool::busy() const {
 void ThreadPool::work() {
   initIntraOpThreads();
   bool lastTaskLong = false;  // this thread's last task ran for kLongTask or more
-  AdaptiveSpin spin;
+  AdaptiveSpin spin;          // polls after short tasks
+  AdaptiveSpin afterLong(1);  // polls after long tasks: kBusySpin outlasts any round trip
   while (true) {
     std::function<void()> task;
-    // One idle thread at a time spins for the next task (it saves the wake-up
-    // latency); the others sleep at once. Many spinners would take the CPU
-    // from the I/O thread that brings the tasks (128 calls in flight on 2
-    // cores: 28k -> 5k calls/s).
+    // Idle threads poll for the next task before they sleep; polling saves
+    // the wake-up latency.
     //
-    // A callee of long calls (its last task took kLongTask or more) spins for
-    // up to kBusySpin while other threads still run tasks: their callers tend
-    // to send the next request soon after the answer, and while the other
-    // cores compute, a sleeping thread's wake-up waits for one of them to
-    // finish its time slice (~1 ms). A CPU-bound callee with 2 callers on 2
-    // cores: 1.41-1.56x -> 1.61-1.66x the rate of 1 caller. The spin yields on
-    // every round, so it only uses a core that nothing else wants, and never
-    // when the pool is idle. Callees of short calls (distributed autograd,
-    // RRef traffic) keep the short spin: their callers' own threads need the
-    // cores.
-    const bool polled = spinning_.fetch_add(1) == 0;
-    if (polled) {
-      auto ready = [this] { return queued_.load() > 0 || stopping_; };
-      if (!spin.until(ready) && lastTaskLong && running_.load() > 0) {
-        spinUntil([&] { return ready() || running_.load() == 0; }, kBusySpin);
-      }
+    // After a short task, one idle thread at a time polls, for the short
+    // budget (spinBudget); the others sleep at once. Many pollers would take
+    // the CPU from the I/O thread that brings the tasks (128 calls in flight
+    // on 2 cores: 28k -> 5k calls/s). Callees of short calls (distributed
+    // autograd, RRef traffic) need the cores for their callers' own threads.
+    //
+    // After a long task (kLongTask or more), the thread polls for up to
+    // kBusySpin, and so may one such thread per core. Its caller tends to
+    // send the next request soon after the answer, and while the other cores
+    // compute, a sleeping thread's wake-up waits for one of them to finish
+    // its time slice (~1 ms). The site stops polling after a few waits that
+    // outlasted kBusySpin (a caller that thinks between calls), until a wait
+    // is short again (AdaptiveSpin). The poll yields on every round, so it
+    // only takes a core that nothing else wants, and never when the pool is
+    // idle for long.
+    //
+    // A CPU-bound script callee with 2 callers on 2 cores:
+    // - no long poll: 1.41-1.56x the rate of 1 caller;
+    // - one thread polling, only while another still ran a task: 1.61-1.66x
+    //   in its first measurements, and 1.49-1.61x in 6 runs interleaved with
+    //   the next line on 2026-11-25. With both callers in phase (their tasks
+    //   ending together, as perf sched showed), nothing ran and nobody
+    //   polled, and one of the two tasks always needed a wake-up;
+    // - a poller per core after long tasks: 1.59-1.73x in those same runs.
+    auto ready = [this] { return queued_.load() > 0 || stopping_; };
+    const size_t spinners = spinning_.fetch_add(1);
+    const bool polledLong = lastTaskLong && spinners < cores_;
+    const bool polled = !polledLong && spinners == 0;
+    if (polledLong) {
+      afterLong.until(ready, kBusySpin);
+    } else if (polled) {
+      spin.until(ready);
     }
     spinning_.fetch_sub(1);
     {
@@ -99,6 +126,7 @@ void ThreadPool::work() {
       ++running_;
     }
     if (polled) spin.done();
+    if (polledLong) afterLong.done();
     const auto started = std::chrono::steady_clock::now();
     try {
       task();

@@ -1,8 +1,8 @@
 #pragma once
 
-// ThreadPool: a fixed set of threads that run request handlers. Threads sleep
-// when idle (no polling). Tasks run in FIFO order; idle threads are woken in
-// LIFO order.
+// ThreadPool: a fixed set of threads that run request handlers. Idle threads
+// poll briefly right after a task (see work()), then sleep: an idle pool uses
+// no CPU. Tasks run in FIFO order; idle threads are woken in LIFO order.
 // run() may be called from any thread; stop() runs what is queued, then joins.
 
 #include <atomic>
@@ -45,6 +45,7 @@ class ThreadPool {
   };
 
   const std::string workerName_;
+  const size_t cores_;  // CPUs this process may run on
   mutable std::mutex mutex_;
   // Idle threads, the one that went to sleep last at the back: run() wakes
   // that one. Its cache is warm and the kernel tends to run it on the core it
@@ -56,7 +57,7 @@ class ThreadPool {
   std::vector<Sleeper*> sleepers_;
   std::deque<std::function<void()>> tasks_;
   std::atomic<size_t> queued_{0};  // tasks_.size(), readable without the lock
-  std::atomic<size_t> spinning_{0};  // idle threads about to sleep (at most one of them polls first)
+  std::atomic<size_t> spinning_{0};  // idle threads about to sleep, polling or not (see work())
   std::atomic<size_t> running_{0};  // changed under mutex_, read without it
   size_t alive_{0};
   std::condition_variable exited_;

@@ -76,12 +76,18 @@ bool spinUntil(Ready&& ready, std::chrono::microseconds budget = spinBudget()) {
 // round trip is several wake-ups long, longer than any poll, so no site would
 // ever learn that polling pays again (rref.rpc_sync().method() read 241 us
 // against 57 us after the benchmark's CPU-bound scenario).
+//
+// `longFactor` sets "long" to over longFactor times the budget instead: 1
+// for a site whose budget outlasts any round trip (a pool thread after a
+// long task, ThreadPool::work), where a poll that ran out was wasted.
 class AdaptiveSpin {
  public:
+  explicit AdaptiveSpin(int longFactor = 2) : longFactor_(longFactor) {}
+
   template <typename Ready>
   bool until(Ready&& ready, std::chrono::microseconds budget = spinBudget()) {
     longAfter_ = std::chrono::steady_clock::now() +
-                 std::max<std::chrono::steady_clock::duration>(kLongWait, 2 * budget);
+                 std::max<std::chrono::steady_clock::duration>(kLongWait, longFactor_ * budget);
     return longWaits_ >= kGiveUp ? ready() : spinUntil(ready, budget);
   }
 
@@ -94,6 +100,7 @@ class AdaptiveSpin {
  private:
   static constexpr int kGiveUp = 3;
   static constexpr std::chrono::milliseconds kLongWait{1};
+  const int longFactor_;
   int longWaits_ = 0;
   std::chrono::steady_clock::time_point longAfter_;  // this wait is long past it
 };

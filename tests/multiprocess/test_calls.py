@@ -306,6 +306,22 @@ def test_waits_stop_polling_once_calls_are_long():
     assert used < 0.05, f"24 calls of 10 ms used {used * 1e3:.0f} ms of the caller's CPU"
 
 
+def test_callee_stops_polling_when_long_calls_come_rarely():
+    # After a task of 0.5 ms or more a pool thread polls up to 2 ms for the
+    # next one (csrc/agent/thread_pool.cpp). A caller that thinks 8 ms between
+    # 1 ms calls would cost the callee ~2 ms of CPU a call; after a few waits
+    # longer than that poll, the thread sleeps at once.
+    for _ in range(4):
+        rpc.rpc_sync("worker2", funcs.sleep, args=(0.001,))
+        time.sleep(0.008)
+    start = rpc.rpc_sync("worker2", time.process_time)
+    for _ in range(24):
+        rpc.rpc_sync("worker2", funcs.sleep, args=(0.001,))
+        time.sleep(0.008)
+    used = rpc.rpc_sync("worker2", time.process_time) - start
+    assert used < 0.02, f"24 calls of 1 ms, 8 ms apart, used {used * 1e3:.0f} ms of the callee's CPU"
+
+
 def test_future_api():
     fut = rpc.rpc_async("worker1", funcs.sleep, args=(0.2,))
     assert not fut.done()
