@@ -143,21 +143,21 @@ def unseen_script_function(rpc, to, cfg):
     import importlib.util
     import tempfile
 
-    folder = tempfile.mkdtemp(prefix="torchrpc-bench-")
-    x = torch.ones(2)
-    first, later = [], []
-    for k in range(cfg["unseen_reps"]):
-        path = os.path.join(folder, f"unseen_{k}.py")
-        with open(path, "w") as f:
-            f.write(_UNSEEN_SOURCE.format(k=k + 2))
-        spec = importlib.util.spec_from_file_location(f"torchrpc_bench_unseen_{k}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        fn = module.unseen
-        start = time.perf_counter()
-        rpc.rpc_sync(to, fn, args=(x,))
-        first.append(time.perf_counter() - start)
-        later += _measure.time_each(lambda: rpc.rpc_sync(to, fn, args=(x,)), 50, 5)
+    with tempfile.TemporaryDirectory(prefix="torchrpc-bench-") as folder:
+        x = torch.ones(2)
+        first, later = [], []
+        for k in range(cfg["unseen_reps"]):
+            path = os.path.join(folder, f"unseen_{k}.py")
+            with open(path, "w") as f:
+                f.write(_UNSEEN_SOURCE.format(k=k + 2))
+            spec = importlib.util.spec_from_file_location(f"torchrpc_bench_unseen_{k}", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            fn = module.unseen
+            start = time.perf_counter()
+            rpc.rpc_sync(to, fn, args=(x,))
+            first.append(time.perf_counter() - start)
+            later += _measure.time_each(lambda: rpc.rpc_sync(to, fn, args=(x,)), 50, 5)
     return {"first_ms": statistics.median(first) * 1e3, "later_us": statistics.median(later) * 1e6}
 
 

@@ -20,6 +20,7 @@ Run it (from the repository root; builds the C++ worker the first time):
 
 import argparse
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -99,7 +100,8 @@ def main():
 
     torch.manual_seed(0)
     model = torch.jit.script(ShardedModel(["shard1", "shard2"]))
-    path = os.path.join(tempfile.mkdtemp(prefix="torchrpc-deploy-"), "sharded_model.pt")
+    folder = tempfile.mkdtemp(prefix="torchrpc-deploy-")
+    path = os.path.join(folder, "sharded_model.pt")
     model.save(path)
     print(f"client: scripted and saved the model to {path}", flush=True)
 
@@ -131,6 +133,7 @@ def main():
         for p in procs:
             if p.poll() is None:
                 p.kill()
+        shutil.rmtree(folder, ignore_errors=True)
     if any(p.returncode != 0 for p in procs):
         sys.exit("a worker failed")
     print("client: done")

@@ -18,6 +18,7 @@ before a hung test times out.
 import contextlib
 import faulthandler
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -78,6 +79,7 @@ class Cluster:
         self.rpc_timeout = rpc_timeout
         self.dir = tempfile.mkdtemp(prefix="torchrpc-test-")
         self.procs = {}  # rank -> Popen
+        self._final_logs = {}  # rank -> its log, once the folder is deleted
         self.init = init
         # rank -> function(port) giving the argv of a non-Python worker (it
         # shuts down gracefully by itself, so it gets no stop request)
@@ -107,6 +109,8 @@ class Cluster:
         return os.path.join(self.dir, f"worker{rank}.log")
 
     def log(self, rank):
+        if rank in self._final_logs:  # the job is over and its folder gone
+            return self._final_logs[rank]
         with open(self.log_path(rank)) as f:
             return f.read()
 
@@ -152,6 +156,7 @@ class Cluster:
             self.stop()
         finally:
             _live.discard(self)
+            self._remove_files()
 
     @contextlib.contextmanager
     def unmanaged(self):
@@ -163,6 +168,14 @@ class Cluster:
         finally:
             self.kill_all()
             _live.discard(self)
+            self._remove_files()
+
+    def _remove_files(self):
+        """Deletes the job's folder (worker logs, file:// rendezvous); log()
+        still answers from what the logs held."""
+        self._final_logs = {rank: self.log(rank) for rank in self.procs
+                            if os.path.exists(self.log_path(rank))}
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def kill(self, rank):
         """SIGKILLs worker `rank` and waits for it to be gone."""
