@@ -43,6 +43,20 @@ def time_each(fn, n, warmup):
     return samples
 
 
+def time_interleaved(fns, n, warmup, block=100):
+    """Like time_each for several functions, {key: fn}, in alternating blocks
+    of `block` calls, so that each sees the same phases of the machine (its
+    speed drifts by 10-30% within seconds); returns {key: n durations (s)}."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples = {key: [] for key in fns}
+    while any(len(v) < n for v in samples.values()):
+        for key, fn in fns.items():
+            samples[key] += time_each(fn, min(block, n - len(samples[key])), 0)
+    return samples
+
+
 def rate_for(step, seconds):
     """Runs step() (which returns how many operations it did) repeatedly for at
     least `seconds`; returns operations per second."""

@@ -100,7 +100,8 @@ def tensor_send(rpc, to, cfg):
 
 def script_caller(backend, to, cfg):
     """One tiny_script call issued from inside a TorchScript function, against
-    the same call from eager Python: rpc_async(...).wait() and rpc_sync.
+    the same call from eager Python: rpc_async(...).wait() and rpc_sync. The
+    four are timed in alternating blocks: their ratios are the targets.
 
     Returns:
         {"eager": summary µs, "from_script": summary µs,
@@ -117,9 +118,8 @@ def script_caller(backend, to, cfg):
         "eager_sync": lambda: rpc.rpc_sync(to, remote_fns.tiny_script, args=(x,)),
         "from_script_sync": lambda: script_sync(to, x),
     }
-    n, warmup = cfg["latency_samples"], cfg["latency_warmup"]
-    return {key: _measure.summarize([s * 1e6 for s in _measure.time_each(fn, n, warmup)])
-            for key, fn in callers.items()}
+    samples = _measure.time_interleaved(callers, cfg["latency_samples"], cfg["latency_warmup"])
+    return {key: _measure.summarize([s * 1e6 for s in v]) for key, v in samples.items()}
 
 
 _UNSEEN_SOURCE = """
