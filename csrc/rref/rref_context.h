@@ -184,9 +184,18 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   void handleRemoteCall(Message&& request, int callerRank, Agent::Responder respond);
   void handleFetch(Message&& request, Agent::Responder respond);
   void handleMethodCall(Message&& request, Agent::Responder respond);
-  // The I/O thread's answer to a fetch of a TorchScript value that exists;
-  // false leaves the fetch to handleFetch.
+  // The I/O thread's handling of a fetch (false leaves it to handleFetch, on
+  // the pool): see answerFetch.
   bool fetchAtOnce(const Message& request, const Agent::Responder& respond);
+  // The I/O thread's handling of a USER_DELETE whose value it can free at
+  // once (a small TorchScript value; false leaves it to the pool): one pool
+  // task less per dropped RRef.
+  bool deleteAtOnce(const Message& request, const Agent::Responder& respond);
+  // Answers a fetch of `owner`'s value: at once if it is there, else when it
+  // is, from the thread that completes it. Python values and errors are
+  // answered on the pool unless `onPool` says this thread already is.
+  void answerFetch(uint64_t id, const RRefId& rrefId, const std::shared_ptr<OwnerRRef>& owner,
+                   const Agent::Responder& respond, bool onPool);
   Message encodeValue(uint64_t id, const c10::IValue& value);
   // Sends a protocol request; `then` runs on the pool with the response
   // future, after which the in-flight count drops.

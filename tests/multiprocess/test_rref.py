@@ -536,6 +536,27 @@ def test_remote_script_and_to_here_need_no_gil_on_the_owner():
         f"worker2 held the GIL from {start:.3f} to {end:.3f}")
 
 
+def test_values_fetched_before_they_exist_and_freed_when_dropped():
+    # The owner's I/O thread takes a fetch of a value still being created (it
+    # is answered by the thread that creates it) and a USER_DELETE of a small
+    # TorchScript value; Python values, errors and large tensors go to the pool.
+    settle()
+    before = len(rpc.rpc_sync("worker1", funcs.live_rrefs)["owners"])
+    slow = rpc.remote("worker1", funcs.busy, args=(20000,))  # still running when the fetch comes
+    python = rpc.remote("worker1", funcs.sleep, args=(0.1,))
+    failing = rpc.remote("worker1", funcs.add, args=(torch.ones(2), torch.ones(3)))
+    large = rpc.remote("worker1", torch.ones, args=([1 << 19],))  # 2 MB
+    assert torch.equal(slow.to_here(), torch.full((16,), 20000.0))
+    assert python.to_here() == 0.1
+    with pytest.raises(RuntimeError, match="worker1"):
+        failing.to_here()
+    assert large.to_here().sum().item() == 1 << 19
+    assert len(rpc.rpc_sync("worker1", funcs.live_rrefs)["owners"]) == before + 4
+    del slow, python, failing, large
+    settle()
+    assert len(rpc.rpc_sync("worker1", funcs.live_rrefs)["owners"]) == before
+
+
 # ---- timeouts --------------------------------------------------------------------------
 
 def test_remote_timeout_surfaces_on_to_here():
