@@ -38,7 +38,9 @@
 //     owner registers the fork, creates the value, acks; the ack confirms.
 //
 // Threads: every public method may be called from any thread. Handlers run on
-// the agent's pool. Follow-ups of a response (confirm, CHILD_ACCEPT) run on
+// the agent's pool, except two that the I/O thread takes when they need no
+// GIL: fetches (fetchAtOnce) and USER_DELETEs of small TorchScript values
+// (deleteAtOnce). Follow-ups of a response (confirm, CHILD_ACCEPT) run on
 // the pool too, never on the I/O thread. No RRef is ever destroyed while
 // mutex_ is held (a UserRRef destructor calls back into the context).
 
