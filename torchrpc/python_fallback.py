@@ -294,19 +294,23 @@ def _stateless(fn):
     return isinstance(fn, types.FunctionType) and fn.__closure__ is None
 
 
-def _async_future(result, name, fn):
-    """The future of an @async_execution callee (or of an async method called
-    through an RRef proxy, wrapped in functions.Deferred); None for an
-    ordinary result; an ("err", ...) outcome if it returned no future."""
+def _finish(result, name, fn, now, later=None):
+    """The outcome of callee `fn` that returned `result`: now(result) for an
+    ordinary result. For an @async_execution callee (or an async method called
+    through an RRef proxy, wrapped in functions.Deferred): ("async", future)
+    whose value is later(done, name) (default _outcome), on which the native
+    bridge acts when it completes (no thread waits for it); or ("err", ...)
+    if the callee returned no future."""
     deferred = isinstance(result, functions.Deferred)
     if not (deferred or functions.is_async_execution(fn)):
-        return None
+        return now(result)
     future = result.future if deferred else result
     if not isinstance(future, torch._C.Future):
         return _error(TypeError(
             f"{name!r} is decorated with @torchrpc.functions.async_execution, so it must return a "
             f"torch.futures.Future; it returned {type(future).__name__}"), name)
-    return future
+    later = later or _outcome
+    return ("async", future.then(lambda done: later(done, name)))
 
 
 def handle_call(payload, tensors, caller_rank):
@@ -315,13 +319,7 @@ def handle_call(payload, tensors, caller_rank):
     if outcome[0] != "ok":
         return outcome
     _, result, name, fn = outcome
-    future = _async_future(result, name, fn)
-    if future is None:
-        return encode_value(result, name)
-    if isinstance(future, tuple):
-        return future
-    # The native bridge responds when this completes; no thread waits for it.
-    return ("async", future.then(lambda done: _outcome(done, name)))
+    return _finish(result, name, fn, lambda value: encode_value(value, name))
 
 
 def handle_method(obj, name, args, kwargs):
@@ -336,12 +334,7 @@ def handle_method(obj, name, args, kwargs):
         result = method(*args, **kwargs)
     except BaseException as exc:  # everything the user code raises goes back
         return _error(exc, label)
-    future = _async_future(result, label, method)
-    if future is None:
-        return ("value", result, label)
-    if isinstance(future, tuple):
-        return future
-    return ("async", future.then(lambda done: _outcome(done, label)))
+    return _finish(result, label, method, lambda value: ("value", value, label))
 
 
 def handle_remote(payload, tensors, caller_rank):
@@ -352,13 +345,8 @@ def handle_remote(payload, tensors, caller_rank):
     if outcome[0] != "ok":
         return outcome
     _, result, name, fn = outcome
-    future = _async_future(result, name, fn)
-    if future is None:
-        return ("ok", result)
-    if isinstance(future, tuple):
-        return future
-    # The owner's value is what the future gives; the native bridge waits for it.
-    return ("async", future.then(lambda done: _remote_outcome(done, name)))
+    # The owner's value is what the future gives.
+    return _finish(result, name, fn, lambda value: ("ok", value), _remote_outcome)
 
 
 def _remote_outcome(fut, name):

@@ -21,6 +21,7 @@ size_t usableCores() {
   if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
   return std::max(1, CPU_COUNT(&set));
 }
+
 }  // namespace
 
 ThreadPool::ThreadPool(size_t numThreads, std::string workerName)

@@ -446,38 +446,24 @@ void RRefContext::answerFetch(uint64_t id, const RRefId& rrefId, const std::shar
           id, describeException(std::current_exception(), "to_here of RRef " + rrefId.str(), worker)));
     }
   };
-  // A Python value or an error may need the GIL: off the pool, they are
-  // answered on the pool.
-  auto needsPool = [onPool](const c10::ivalue::Future& f) {
-    return !onPool && (f.hasError() || f.constValue().isPyObject());
-  };
-  auto answerOnPool = [weak, answer](c10::intrusive_ptr<c10::ivalue::Future> value) {
-    if (auto self = weak.lock()) self->agent_->pool().run([answer, value] { answer(*value); });
-  };
-  const auto& value = owner->value();
-  if (value->completed()) {
-    if (needsPool(*value)) {
-      answerOnPool(value);
-    } else {
-      answer(*value);
+  // A value that exists is answered here, at once: addCallback runs the
+  // callback inline then. One not created yet is answered by the thread that
+  // completes it, as a fetch handled on the pool always was. Only
+  // registering here saves that fetch a pool thread of its own: while the
+  // creation ran on the first, the fetch needed a second one, a wake-up
+  // (~50 us here) on the caller's path in about half the process pairs
+  // (remote() + to_here() of a script function read 96-113 instead of
+  // 41-55 us, for the pair's lifetime).
+  auto adding = std::make_shared<std::atomic<bool>>(true);  // the callback runs here, inline
+  owner->value()->addCallback([weak, answer, onPool, adding](c10::ivalue::Future& f) {
+    // Off the pool (the I/O thread), a Python value or an error, which may
+    // need the GIL, is answered on the pool.
+    if (adding->load() && !onPool && (f.hasError() || f.constValue().isPyObject())) {
+      auto value = c10::intrusive_ptr<c10::ivalue::Future>::reclaim_copy(&f);
+      if (auto self = weak.lock()) self->agent_->pool().run([answer, value] { answer(*value); });
+      return;
     }
-    return;
-  }
-  // Not created yet: answered by the thread that completes the value, as a
-  // fetch handled on the pool always was. Only registering here saves that
-  // fetch a pool thread of its own: while the creation ran on the first, the
-  // fetch needed a second one, a wake-up (~50 us here) on the caller's path
-  // in about half the process pairs (remote() + to_here() of a script
-  // function read 96-113 instead of 41-55 us, for the pair's lifetime).
-  // If the value completes while the callback is added, the callback runs
-  // here, at once.
-  auto adding = std::make_shared<std::atomic<bool>>(true);
-  value->addCallback([answer, needsPool, answerOnPool, adding](c10::ivalue::Future& f) {
-    if (adding->load() && needsPool(f)) {
-      answerOnPool(c10::intrusive_ptr<c10::ivalue::Future>::reclaim_copy(&f));
-    } else {
-      answer(f);
-    }
+    answer(f);
   });
   adding->store(false);
 }
@@ -657,21 +643,19 @@ bool freesAtOnce(const c10::IValue& v, int depth = 0) {
 
 bool RRefContext::deleteAtOnce(const Message& request, const Agent::Responder& respond) {
   GlobalId rrefId, forkId;
-  std::shared_ptr<OwnerRRef> drop;
   try {
     parseIds(request, &rrefId, &forkId);
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopped_) return false;
     auto it = owners_.find(rrefId);
     if (it == owners_.end() || !it->second.forks.count(forkId) || !it->second.rref) return false;
+    // A completed value stays what it is: still freeable below.
     const auto& value = it->second.rref->value();
     if (!value->completed() || value->hasError() || !freesAtOnce(value->constValue())) return false;
-    it->second.forks.erase(forkId);
-    drop = maybeEraseLocked(rrefId);
   } catch (...) {
     return false;  // the pool's handler reports it
   }
-  drop.reset();  // unlocked
+  onUserDelete(rrefId, forkId);
   respond(ackMessage(request.id));
   return true;
 }
