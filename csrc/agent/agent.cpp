@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <random>
 
+#include "agent/core_spread.h"
 #include "common/error.h"
 #include "common/logging.h"
 #include "message/payload.h"
@@ -47,8 +48,10 @@ Agent::Agent(AgentOptions options)
       started_(std::chrono::steady_clock::now()),
       pending_(options_.name) {
   TORCH_CHECK(options_.numWorkerThreads > 0, "num_worker_threads must be positive");
-  pool_ = std::make_unique<ThreadPool>(options_.numWorkerThreads, options_.name);
   loop_ = std::make_unique<Loop>(options_.name);
+  // Idle pool threads that wait for the next request read it themselves.
+  pool_ = std::make_unique<ThreadPool>(options_.numWorkerThreads, options_.name,
+                                       [loop = loop_.get()] { loop->pollOnce(); });
   listener_ = std::make_unique<Listener>(*loop_, options_.name, [this](int fd, const std::string& desc) {
     auto conn = std::make_shared<Connection>(*loop_, fd, desc, options_.name);
     adopt(conn);
@@ -333,6 +336,7 @@ void Agent::dispatchUnscoped(Message&& request, int callerRank, Responder respon
 void Agent::respondOn(const std::shared_ptr<Connection>& conn, Message&& response) {
   uint64_t id = response.id;
   std::string error;
+  CoreSpread::leave();  // this pool task has done its work: see core_spread.h
   if (!conn->send(std::move(response), deadlineAfter(kResponseSendTimeoutSeconds), &error)) {
     TORCHRPC_WARN(options_.name, "cannot send the response to request #"
                                      << id << " from " << peerLabel(conn->peerRank()) << ": "

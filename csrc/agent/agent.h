@@ -145,8 +145,8 @@ class Agent {
   const std::chrono::steady_clock::time_point started_;
 
   Pending pending_;
+  std::unique_ptr<Loop> loop_;  // before pool_: pool threads read it until they stop
   std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<Loop> loop_;
   std::unique_ptr<Listener> listener_;
 
   mutable std::mutex connectionsMutex_;

@@ -24,8 +24,8 @@ size_t usableCores() {
 
 }  // namespace
 
-ThreadPool::ThreadPool(size_t numThreads, std::string workerName)
-    : workerName_(std::move(workerName)), cores_(usableCores()) {
+ThreadPool::ThreadPool(size_t numThreads, std::string workerName, std::function<void()> idlePoll)
+    : workerName_(std::move(workerName)), idlePoll_(std::move(idlePoll)), cores_(usableCores()) {
   reserveMallocArenas(numThreads);  // an arena each: tensor ops in parallel never share a malloc lock
   threads_.reserve(numThreads);
   alive_ = numThreads;
@@ -86,7 +86,16 @@ void ThreadPool::work() {
     // outlasted kBusySpin (a caller that thinks between calls), until a wait
     // is short again (AdaptiveSpin). The poll yields on every round, so it
     // only takes a core that nothing else wants, and never when the pool is
-    // idle for long.
+    // idle for long. On every round the poller also:
+    // - reads the transport itself (idlePoll_, Loop::pollOnce). The loop
+    //   thread sleeps in epoll_wait, and the kernel often woke it on the core
+    //   that ran the other task (the polling core does not look idle), where
+    //   it waited up to a time slice: 18% of the calls waited ~0.8 ms for
+    //   their request to be read. Read by the poller, the request becomes
+    //   its task with no hand-off at all;
+    // - keeps off cores where another pool thread is (CoreSpread): a poller
+    //   that shares its core and cannot move stops, since it would get the
+    //   core only when the other thread's time slice ends.
     //
     // A CPU-bound script callee with 2 callers on 2 cores:
     // - no long poll: 1.41-1.56x the rate of 1 caller;
@@ -95,13 +104,25 @@ void ThreadPool::work() {
     //   the next line on 2026-11-25. With both callers in phase (their tasks
     //   ending together, as perf sched showed), nothing ran and nobody
     //   polled, and one of the two tasks always needed a wake-up;
-    // - a poller per core after long tasks: 1.59-1.73x in those same runs.
+    // - a poller per core after long tasks: 1.59-1.73x in those same runs,
+    //   and 1.62x in 8 rounds interleaved with the next two (2026-11-25,
+    //   18:00 UTC), while two threads running the same function in one
+    //   process, with no RPC, reached 1.96x;
+    // - pollers and tasks spread over the cores: 1.72x;
+    // - and pollers that read the transport: 1.92x.
     auto ready = [this] { return queued_.load() > 0 || stopping_; };
     const size_t spinners = spinning_.fetch_add(1);
     const bool polledLong = lastTaskLong && spinners < cores_;
     const bool polled = !polledLong && spinners == 0;
     if (polledLong) {
-      afterLong.until(ready, kBusySpin);
+      afterLong.until([&] {
+        if (ready()) return true;
+        if (idlePoll_) {
+          idlePoll_();
+          if (ready()) return true;
+        }
+        return !spread_.settle();
+      }, kBusySpin);
     } else if (polled) {
       spin.until(ready);
     }
@@ -109,6 +130,7 @@ void ThreadPool::work() {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       while (!stopping_ && tasks_.empty()) {
+        CoreSpread::leave();  // a sleeper holds no core
         // Sleep on the stack of idle threads: run() wakes the one that went
         // to sleep last (see sleepers_).
         Sleeper me;
@@ -129,12 +151,14 @@ void ThreadPool::work() {
     if (polled) spin.done();
     if (polledLong) afterLong.done();
     const auto started = std::chrono::steady_clock::now();
+    if (lastTaskLong) spread_.settle();  // a poller, or a thread just woken
     try {
       task();
     } catch (const std::exception& e) {
       // Handlers turn their own errors into responses; this is a bug guard.
       TORCHRPC_WARN(workerName_, "uncaught exception in a pool task: " << e.what());
     }
+    CoreSpread::leave();
     lastTaskLong = std::chrono::steady_clock::now() - started >= kLongTask;
     std::lock_guard<std::mutex> lock(mutex_);
     --running_;

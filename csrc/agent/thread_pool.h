@@ -15,11 +15,15 @@
 #include <thread>
 #include <vector>
 
+#include "agent/core_spread.h"
+
 namespace torchrpc {
 
 class ThreadPool {
  public:
-  ThreadPool(size_t numThreads, std::string workerName);
+  // `idlePoll`, if given, is called on every round of an idle thread's poll
+  // after a long task (see work()): the agent reads the transport there.
+  ThreadPool(size_t numThreads, std::string workerName, std::function<void()> idlePoll = nullptr);
   ~ThreadPool();
 
   void run(std::function<void()> task);
@@ -45,6 +49,7 @@ class ThreadPool {
   };
 
   const std::string workerName_;
+  const std::function<void()> idlePoll_;
   const size_t cores_;  // CPUs this process may run on
   mutable std::mutex mutex_;
   // Idle threads, the one that went to sleep last at the back: run() wakes
@@ -62,6 +67,7 @@ class ThreadPool {
   size_t alive_{0};
   std::condition_variable exited_;
   std::atomic<bool> stopping_{false};
+  CoreSpread spread_;
   std::vector<std::thread> threads_;
 };
 

@@ -8,7 +8,10 @@
 #include <torch/csrc/jit/runtime/operator.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <sched.h>
+
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -16,6 +19,7 @@
 #include <unordered_map>
 
 #include "agent/agent.h"
+#include "agent/core_spread.h"
 #include "autograd/autograd_messages.h"
 #include "autograd/context.h"
 #include "autograd/engine.h"
@@ -35,6 +39,7 @@
 #include "rref/rref_context.h"
 #include "rref/rref_messages.h"
 #include "script_dispatch/run_script.h"
+#include "transport/loop.h"
 #include "transport/same_host.h"
 #include "worker/worker.h"
 
@@ -717,6 +722,42 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(pid, why);
   });
 
+  m.def("_loop_events_served_by_others", &torchrpc::Loop::servedByOthers);
+  // Test helper: `n` threads start in turn on the lowest allowed core and
+  // settle there (CoreSpread), staying counted until all have; returns each
+  // one's (core, alone).
+  m.def("_spread_threads_for_test", [](int n) {
+    py::gil_scoped_release nogil;
+    torchrpc::CoreSpread spread;
+    cpu_set_t all;
+    TORCH_CHECK(sched_getaffinity(0, sizeof all, &all) == 0, "sched_getaffinity failed");
+    int first = 0;
+    while (!CPU_ISSET(first, &all)) ++first;
+    std::vector<std::pair<int, bool>> out(n);
+    std::mutex mutex;
+    std::condition_variable cv;
+    int settled = 0;
+    std::vector<std::thread> threads;
+    for (int i = 0; i < n; ++i) {
+      threads.emplace_back([&, i] {
+        std::unique_lock<std::mutex> lock(mutex);
+        cv.wait(lock, [&] { return settled == i; });
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(first, &one);
+        sched_setaffinity(0, sizeof one, &one);
+        sched_setaffinity(0, sizeof all, &all);
+        bool alone = spread.settle();
+        out[i] = {sched_getcpu(), alone};
+        ++settled;
+        cv.notify_all();
+        cv.wait(lock, [&] { return settled == n; });
+        torchrpc::CoreSpread::leave();
+      });
+    }
+    for (auto& t : threads) t.join();
+    return out;
+  });
   m.def("reap_thread_states", &torchrpc::python_fallback::reapThreadStates);
   m.def("_kept_thread_states", &torchrpc::python_fallback::keptThreadStates);
   // Test helper: holds the GIL (never releasing it) for `seconds`, so tests can

@@ -15,7 +15,16 @@ namespace torchrpc {
 
 namespace {
 constexpr uint64_t kWakeToken = 0;
-}
+constexpr int kMaxEvents = 64;
+thread_local const Loop* onLoop = nullptr;  // the loop whose turn this thread holds
+std::atomic<uint64_t> servedElsewhere{0};
+
+// Marks this thread as on `loop` (its turn is held) while it lives.
+struct OnLoop {
+  explicit OnLoop(const Loop* loop) { onLoop = loop; }
+  ~OnLoop() { onLoop = nullptr; }
+};
+}  // namespace
 
 Loop::Loop(std::string workerName) : workerName_(std::move(workerName)) {
   epollFd_ = epoll_create1(EPOLL_CLOEXEC);
@@ -31,8 +40,9 @@ Loop::Loop(std::string workerName) : workerName_(std::move(workerName)) {
     nameThisThread("rpc-io");
     run();
   });
-  threadId_ = thread_.get_id();
 }
+
+bool Loop::inLoop() const { return onLoop == this; }
 
 Loop::~Loop() {
   stop();
@@ -94,8 +104,43 @@ void Loop::drainDeferred() {
   }
 }
 
+void Loop::pollOnce() {
+  if (stopping_.load()) return;
+  std::unique_lock<std::mutex> turn(turn_, std::try_to_lock);
+  if (!turn.owns_lock()) return;
+  epoll_event events[kMaxEvents];
+  int n = epoll_wait(epollFd_, events, kMaxEvents, 0);
+  if (n <= 0) return;
+  OnLoop on(this);
+  serve(events, n, /*loopThread=*/false);
+  servedElsewhere.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+}
+
+uint64_t Loop::servedByOthers() { return servedElsewhere.load(std::memory_order_relaxed); }
+
+void Loop::serve(const epoll_event* events, int n, bool loopThread) {
+  for (int i = 0; i < n; ++i) {
+    uint64_t token = events[i].data.u64;
+    if (token == kWakeToken) {
+      if (!loopThread) continue;
+      uint64_t count;
+      while (::read(wakeFd_, &count, sizeof(count)) > 0) {
+      }
+      continue;
+    }
+    std::shared_ptr<Handler> handler;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = handlers_.find(token);
+      if (it == handlers_.end()) continue;
+      handler = it->second;
+    }
+    (*handler)(events[i].events);
+  }
+  drainDeferred();
+}
+
 void Loop::run() {
-  constexpr int kMaxEvents = 64;
   epoll_event events[kMaxEvents];
   AdaptiveSpin spin;
   while (!stopping_.load()) {
@@ -113,31 +158,18 @@ void Loop::run() {
       TORCHRPC_WARN(workerName_, errnoMessage("epoll_wait", errno) << "; event loop stops");
       return;
     }
-    for (int i = 0; i < n; ++i) {
-      uint64_t token = events[i].data.u64;
-      if (token == kWakeToken) {
-        uint64_t count;
-        while (::read(wakeFd_, &count, sizeof(count)) > 0) {
-        }
-        continue;
-      }
-      std::shared_ptr<Handler> handler;
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        auto it = handlers_.find(token);
-        if (it == handlers_.end()) continue;
-        handler = it->second;
-      }
-      (*handler)(events[i].events);
-    }
-    drainDeferred();
+    std::lock_guard<std::mutex> turn(turn_);
+    OnLoop on(this);
+    serve(events, n, /*loopThread=*/true);
   }
+  std::lock_guard<std::mutex> turn(turn_);
+  OnLoop on(this);
   drainDeferred();
 }
 
 void Loop::stop() {
   if (!thread_.joinable()) return;
-  if (inLoop()) {
+  if (std::this_thread::get_id() == thread_.get_id()) {
     // Called from a handler: let the thread finish on its own; it is joined by
     // the destructor of the owner on another thread.
     stopping_.store(true);

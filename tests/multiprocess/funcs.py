@@ -144,6 +144,13 @@ def raise_unimportable():
     raise LocalOnly("defined inside a function")
 
 
+def loop_events_served_by_others():
+    """Events of this process's transport that pool threads read themselves."""
+    from torchrpc import _C
+
+    return _C._loop_events_served_by_others()
+
+
 def sleep(seconds):
     time.sleep(seconds)
     return seconds

@@ -322,6 +322,18 @@ def test_callee_stops_polling_when_long_calls_come_rarely():
     assert used < 0.02, f"24 calls of 1 ms, 8 ms apart, used {used * 1e3:.0f} ms of the callee's CPU"
 
 
+@pytest.mark.parametrize("fn, args", [(funcs.busy, (2000,)), (funcs.sleep, (0.002,))], ids=["script", "python"])
+def test_after_a_long_call_the_pool_reads_the_next_request_itself(fn, args):
+    # A pool thread that waits for the next request after a long task reads
+    # the transport itself (Loop::pollOnce): the request needs no wake-up of
+    # the I/O thread, which the kernel may queue behind a computing thread.
+    before = rpc.rpc_sync("worker2", funcs.loop_events_served_by_others)
+    for _ in range(30):
+        rpc.rpc_sync("worker2", fn, args=args)
+    served = rpc.rpc_sync("worker2", funcs.loop_events_served_by_others) - before
+    assert served >= 10, f"pool threads read {served} events during 30 back-to-back long calls"
+
+
 def test_future_api():
     fut = rpc.rpc_async("worker1", funcs.sleep, args=(0.2,))
     assert not fut.done()
