@@ -112,13 +112,13 @@ void Loop::pollOnce() {
   int n = epoll_wait(epollFd_, events, kMaxEvents, 0);
   if (n <= 0) return;
   OnLoop on(this);
-  serve(events, n, /*loopThread=*/false);
-  servedElsewhere.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+  servedElsewhere.fetch_add(serve(events, n, /*loopThread=*/false), std::memory_order_relaxed);
 }
 
 uint64_t Loop::servedByOthers() { return servedElsewhere.load(std::memory_order_relaxed); }
 
-void Loop::serve(const epoll_event* events, int n, bool loopThread) {
+int Loop::serve(const epoll_event* events, int n, bool loopThread) {
+  int served = 0;
   for (int i = 0; i < n; ++i) {
     uint64_t token = events[i].data.u64;
     if (token == kWakeToken) {
@@ -136,8 +136,10 @@ void Loop::serve(const epoll_event* events, int n, bool loopThread) {
       handler = it->second;
     }
     (*handler)(events[i].events);
+    ++served;
   }
   drainDeferred();
+  return served;
 }
 
 void Loop::run() {

@@ -64,7 +64,8 @@ class Loop {
   void run();
   // Runs the handlers of n events and the deferred work; the turn is held.
   // Only the loop thread reads the wake eventfd (so that it wakes for stop()).
-  void serve(const epoll_event* events, int n, bool loopThread);
+  // Returns how many handlers ran.
+  int serve(const epoll_event* events, int n, bool loopThread);
   void drainDeferred();
 
   const std::string workerName_;
