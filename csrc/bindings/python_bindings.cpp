@@ -8,10 +8,7 @@
 #include <torch/csrc/jit/runtime/operator.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include <sched.h>
-
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -723,41 +720,11 @@ PYBIND11_MODULE(_C, m) {
   });
 
   m.def("_loop_events_served_by_others", &torchrpc::Loop::servedByOthers);
-  // Test helper: `n` threads start in turn on the lowest allowed core and
-  // settle there (CoreSpread), staying counted until all have; returns each
-  // one's (core, alone).
-  m.def("_spread_threads_for_test", [](int n) {
-    py::gil_scoped_release nogil;
-    torchrpc::CoreSpread spread;
-    cpu_set_t all;
-    TORCH_CHECK(sched_getaffinity(0, sizeof all, &all) == 0, "sched_getaffinity failed");
-    int first = 0;
-    while (!CPU_ISSET(first, &all)) ++first;
-    std::vector<std::pair<int, bool>> out(n);
-    std::mutex mutex;
-    std::condition_variable cv;
-    int settled = 0;
-    std::vector<std::thread> threads;
-    for (int i = 0; i < n; ++i) {
-      threads.emplace_back([&, i] {
-        std::unique_lock<std::mutex> lock(mutex);
-        cv.wait(lock, [&] { return settled == i; });
-        cpu_set_t one;
-        CPU_ZERO(&one);
-        CPU_SET(first, &one);
-        sched_setaffinity(0, sizeof one, &one);
-        sched_setaffinity(0, sizeof all, &all);
-        bool alone = spread.settle();
-        out[i] = {sched_getcpu(), alone};
-        ++settled;
-        cv.notify_all();
-        cv.wait(lock, [&] { return settled == n; });
-        torchrpc::CoreSpread::leave();
-      });
-    }
-    for (auto& t : threads) t.join();
-    return out;
-  });
+  // Tests: a pool's core bookkeeping, driven from Python threads.
+  py::class_<torchrpc::CoreSpread>(m, "_CoreSpread")
+      .def(py::init<>())
+      .def("settle", &torchrpc::CoreSpread::settle)
+      .def_static("leave", &torchrpc::CoreSpread::leave);
   m.def("reap_thread_states", &torchrpc::python_fallback::reapThreadStates);
   m.def("_kept_thread_states", &torchrpc::python_fallback::keptThreadStates);
   // Test helper: holds the GIL (never releasing it) for `seconds`, so tests can
