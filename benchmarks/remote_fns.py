@@ -12,6 +12,7 @@ import torch
 import torch.distributed.rpc as torch_rpc
 
 import torchrpc
+from benchmarks import _measure
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script is deprecated in 2.13
@@ -85,6 +86,28 @@ def busy_python(iters):
     for _ in range(iters):
         x = x * 0.999 + 0.001
     return iters
+
+
+def local_scaling(seconds, iters):
+    """The machine's own ceiling for the CPU-bound scenario, measured where
+    it runs (benchmarks/scaling_probe.py calls it on the callee): the rate of
+    busy_script in two threads of this process over its rate in one, with no
+    RPC; each for `seconds`."""
+    import threading
+
+    def rate(out, i):
+        torch.set_num_threads(1)
+        out[i] = _measure.rate_for(lambda: busy_script(iters) and 1, seconds)
+
+    one = [0.0]
+    rate(one, 0)
+    two = [0.0, 0.0]
+    threads = [threading.Thread(target=rate, args=(two, i)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(two) / one[0]
 
 
 class Counter:

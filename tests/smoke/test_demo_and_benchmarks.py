@@ -25,3 +25,12 @@ def test_benchmarks_quick(tmp_path):
     with open(tmp_path / results[0]) as f:
         data = json.load(f)
     assert data, "empty benchmark results"
+
+
+@pytest.mark.timeout(120)
+def test_scaling_probe_reports_rounds_against_the_ceiling():
+    out = run(["benchmarks/scaling_probe.py", "--rounds", "2", "--round-s", "0.1"], timeout=110)
+    lines = [line.split() for line in out.splitlines() if line.split() and line.split()[0] in ("0", "1", "median")]
+    assert [line[0] for line in lines] == ["0", "1", "median"], out
+    for line in lines:  # ceiling, 1 caller, 2 callers, 2/1, 2/1 over the ceiling
+        assert float(line[1].rstrip("x")) > 0 and float(line[3].rstrip("/s")) > 0, out
