@@ -27,6 +27,11 @@ from benchmarks import _measure, launch  # noqa: E402
 CALLERS = 2
 
 
+def limit_s(rounds, round_s):
+    """How long any wait of a probe may take: start-up, then 4 windows a round."""
+    return 90 + 4 * rounds * round_s
+
+
 def caller(rpc, control, index, rounds, round_s):
     """Caller `index`; caller 0 also measures the ceiling and 1 caller alone,
     and returns the rounds."""
@@ -56,8 +61,7 @@ def worker(rank, port, control_port, rounds, round_s):
     import torchrpc as rpc
     from benchmarks.control import Control
 
-    timeout = 60 + 4 * rounds * round_s
-    control = Control(control_port, "probe", CALLERS + 1, timeout=timeout)
+    control = Control(control_port, "probe", CALLERS + 1, timeout=limit_s(rounds, round_s))
     rpc.init_rpc("callee" if rank == 0 else f"caller{rank - 1}", rank=rank, world_size=CALLERS + 1,
                  rpc_backend_options=rpc.RpcOptions(num_worker_threads=16, init_method=f"tcp://127.0.0.1:{port}"))
     result = caller(rpc, control, rank - 1, rounds, round_s) if rank > 0 else None
@@ -83,25 +87,29 @@ def main(argv=None):
 
     import torch.distributed as dist
 
+    limit = limit_s(args.rounds, args.round_s)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=90 + 4 * args.rounds * args.round_s))
+                          timeout=datetime.timedelta(seconds=limit))
     port = launch.free_port()
     procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.scaling_probe", "--worker", str(rank),
                                "--port", str(port), "--control", str(store.port),
                                "--rounds", str(args.rounds), "--round-s", str(args.round_s)],
                               cwd=launch.ROOT, stdout=subprocess.PIPE, text=True)
              for rank in range(CALLERS + 1)]
-    deadline = time.monotonic() + 90 + 4 * args.rounds * args.round_s
+    deadline = time.monotonic() + limit
     outputs = []
-    for proc in procs:
-        try:
-            outputs.append(proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            raise SystemExit("scaling probe: a worker did not finish in time")
-        if proc.returncode != 0:
-            raise SystemExit(f"scaling probe: worker exited with {proc.returncode}")
+    try:
+        for rank, proc in enumerate(procs):
+            try:
+                outputs.append(proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+            except subprocess.TimeoutExpired:
+                raise SystemExit(f"scaling probe: worker {rank} did not finish within {limit:.0f} s")
+            if proc.returncode != 0:
+                raise SystemExit(f"scaling probe: worker {rank} exited with {proc.returncode} (its stderr is above)")
+    finally:
+        for proc in procs:  # the others would wait at a barrier until the limit
+            if proc.poll() is None:
+                proc.kill()
     rounds = json.loads(outputs[1].strip().splitlines()[-1])
     print("round  ceiling  1 caller  2 callers  2/1    2/1 over ceiling")
     for i, r in enumerate(rounds):

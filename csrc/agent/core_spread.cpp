@@ -14,9 +14,8 @@ int configuredCores() {
   return static_cast<int>(std::clamp<long>(n, 1, CPU_SETSIZE));
 }
 
-// The counter this thread is counted in, and its core.
+// The counter this thread is counted in (its core's), if any.
 thread_local std::atomic<int>* counted = nullptr;
-thread_local int countedCore = -1;
 
 }  // namespace
 
@@ -27,10 +26,9 @@ CoreSpread::CoreSpread() : cores_(configuredCores()), present_(new std::atomic<i
 bool CoreSpread::settle() {
   int core = sched_getcpu();
   if (core < 0 || core >= cores_) return true;
-  if (core != countedCore || counted == nullptr) {
+  if (counted != &present_[core]) {
     leave();
     counted = &present_[core];
-    countedCore = core;
     counted->fetch_add(1, std::memory_order_relaxed);
   }
   if (counted->load(std::memory_order_relaxed) == 1) return true;
@@ -41,7 +39,6 @@ void CoreSpread::leave() {
   if (counted == nullptr) return;
   counted->fetch_sub(1, std::memory_order_relaxed);
   counted = nullptr;
-  countedCore = -1;
 }
 
 bool CoreSpread::moveOff(int core) {
@@ -60,8 +57,7 @@ bool CoreSpread::moveOff(int core) {
     }
     sched_setaffinity(0, sizeof allowed, &allowed);  // the kernel may move it again later
     leave();
-    counted = &present_[c];
-    countedCore = c;
+    counted = &present_[c];  // counted there by the exchange above
     return true;
   }
   return false;
