@@ -154,10 +154,9 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
             tcp, unix = agent.listen()
             records = rdv.exchange((name, rank, tcp, unix, rendezvous.host_id()))
             agent.set_peers(records)
-            agent.set_python_handler(python_fallback.handle_call)
+            agent.set_python_handler(python_fallback.handle_call, python_fallback.handle_remote)
             agent.set_script_resolver(python_fallback.resolve_script)
-            rref_ctx = C.RRefContext(agent, python_fallback.handle_remote, python_fallback.encode_value,
-                                     python_fallback.handle_method)
+            rref_ctx = C.RRefContext(agent, python_fallback.encode_value, python_fallback.handle_method)
             C.autograd_install(agent)
             for fn, explicit in _explicit_names.items():
                 agent.register_script(explicit, fn)

@@ -79,8 +79,9 @@ void Agent::setPeers(std::vector<PeerInfo> peers) {
   }
 }
 
-void Agent::setHandler(MessageType type, Handler handler) {
-  handlers_[static_cast<uint16_t>(type)] = std::move(handler);
+void Agent::setHandler(MessageType type, Handler handler, std::string what) {
+  if (what.empty()) what = messageTypeName(type);
+  handlers_[static_cast<uint16_t>(type)] = {std::move(handler), std::move(what)};
 }
 
 void Agent::setFastPath(MessageType type, FastPath fastPath) {
@@ -198,8 +199,8 @@ Agent::FuturePtr Agent::send(int dst, Message&& request, double timeoutSeconds,
     // A call to oneself skips the transport: straight to the pool.
     pending_.add(id, std::move(call));
     pool_->run([this, request = std::move(request)]() mutable {
-      dispatch(std::move(request), options_.rank,
-               [this](Message&& r) { onResponse(std::move(r), options_.rank); });
+      Reply reply(request.id, options_.name, [this](Message&& r) { onResponse(std::move(r), options_.rank); });
+      dispatch(std::move(request), options_.rank, std::move(reply));
     });
     return future;
   }
@@ -278,35 +279,30 @@ void Agent::onResponse(Message&& m, int src) {
   }
 }
 
-void Agent::dispatch(Message&& request, int callerRank, Responder respond) {
+void Agent::dispatch(Message&& request, int callerRank, Reply reply) {
   std::shared_ptr<CallScope> scope;
   if (interceptor_) {
     try {
       scope = interceptor_->incomingRequest(request, callerRank);
     } catch (...) {
-      respond(exceptionMessage(request.id, describeException(std::current_exception(),
-                                                             messageTypeName(request.type),
-                                                             options_.name)));
+      reply.error(describeException(std::current_exception(), messageTypeName(request.type), options_.name));
       return;
     }
   }
   if (!scope) {
-    dispatchUnscoped(std::move(request), callerRank, std::move(respond), nullptr);
+    serve(std::move(request), callerRank, std::move(reply));
     return;
   }
   // The handler, its continuations and its response all belong to the scope.
-  Responder scoped = [scope, respond = std::move(respond)](Message&& r) {
-    scope->outgoingResponse(r);
-    respond(std::move(r));
-  };
-  scope->run([&] { dispatchUnscoped(std::move(request), callerRank, std::move(scoped), scope); });
+  Reply scoped = reply.through([scope](Message& r) { scope->outgoingResponse(r); });
+  scope->run([&] { serve(std::move(request), callerRank, std::move(scoped), scope); });
 }
 
-void Agent::dispatchUnscoped(Message&& request, int callerRank, Responder respond,
-                             const std::shared_ptr<CallScope>& scope) {
-  switch (request.type) {
-    case MessageType::kScriptCall:
-    case MessageType::kBuiltinCall:
+void Agent::serve(Message&& request, int callerRank, Reply reply, const std::shared_ptr<CallScope>& scope) {
+  const MessageType type = request.type;
+  const std::string* what = nullptr;
+  try {
+    if (type == MessageType::kScriptCall || type == MessageType::kBuiltinCall) {
       script_dispatch::run(std::move(request), registry_,
                            [this, scope](std::function<void()> fn) {
                              if (!scope) {
@@ -315,20 +311,22 @@ void Agent::dispatchUnscoped(Message&& request, int callerRank, Responder respon
                              }
                              pool_->run([scope, fn = std::move(fn)] { scope->run(fn); });
                            },
-                           options_.name, std::move(respond));
+                           options_.name, reply);
       return;
-    default: {
-      auto it = handlers_.find(static_cast<uint16_t>(request.type));
-      if (it != handlers_.end()) {
-        it->second(std::move(request), callerRank, std::move(respond));
-        return;
-      }
-      respond(exceptionMessage(
-          request.id, RemoteException{"RuntimeError",
-                                      std::string("worker ") + options_.name +
-                                          " cannot handle " + messageTypeName(request.type) +
-                                          " requests (no handler installed)",
-                                      "", messageTypeName(request.type), options_.name}));
+    }
+    auto it = handlers_.find(static_cast<uint16_t>(type));
+    if (it == handlers_.end()) {
+      reply.error(RemoteException{"RuntimeError",
+                                  std::string("worker ") + options_.name + " cannot handle " +
+                                      messageTypeName(type) + " requests (no handler installed)",
+                                  "", messageTypeName(type), options_.name});
+      return;
+    }
+    what = &it->second.second;
+    it->second.first(std::move(request), callerRank, reply);
+  } catch (...) {
+    if (!reply.answered()) {
+      reply.error(describeException(std::current_exception(), what ? *what : messageTypeName(type), options_.name));
     }
   }
 }
@@ -393,12 +391,12 @@ void Agent::onMessageFromLoop(const std::shared_ptr<Connection>& conn, Message&&
     return;
   }
   if (isRequest(m.type)) {
-    Responder respond = [this, conn](Message&& r) { respondOn(conn, std::move(r)); };
+    Reply reply(m.id, options_.name, [this, conn](Message&& r) { respondOn(conn, std::move(r)); });
     auto fast = fastPaths_.find(static_cast<uint16_t>(m.type));
-    if (fast != fastPaths_.end() && fast->second(m, respond)) return;
+    if (fast != fastPaths_.end() && fast->second(m, reply)) return;
     int caller = conn->peerRank();
-    pool_->run([this, caller, m = std::move(m), respond = std::move(respond)]() mutable {
-      dispatch(std::move(m), caller, std::move(respond));
+    pool_->run([this, caller, m = std::move(m), reply = std::move(reply)]() mutable {
+      dispatch(std::move(m), caller, std::move(reply));
     });
     return;
   }

@@ -32,6 +32,7 @@
 #include "agent/pending.h"
 #include "agent/thread_pool.h"
 #include "message/message.h"
+#include "message/reply.h"
 #include "script_dispatch/registry.h"
 #include "transport/connection.h"
 #include "transport/listener.h"
@@ -60,15 +61,15 @@ struct PeerInfo {
 class Agent {
  public:
   using FuturePtr = c10::intrusive_ptr<c10::ivalue::Future>;
-  using Responder = std::function<void(Message&&)>;
-  // Runs on a pool thread; must call respond exactly once (maybe later).
-  using Handler = std::function<void(Message&& request, int callerRank, Responder respond)>;
+  // Runs on a pool thread; answers `reply` once (maybe later, from another
+  // thread). An exception it throws before answering becomes the answer.
+  using Handler = std::function<void(Message&& request, int callerRank, Reply reply)>;
 
   // Runs on the I/O thread before a request is queued for the pool: answers
-  // it at once (calling respond) and returns true, or returns false and leaves
-  // it for the pool's handler. It must not block, run user code or need the
-  // GIL: for answers that are ready (a fetch of a value that exists).
-  using FastPath = std::function<bool(const Message& request, const Responder& respond)>;
+  // it at once and returns true, or returns false and leaves it for the
+  // pool's handler. It must not block, run user code or need the GIL: for
+  // answers that are ready (a fetch of a value that exists).
+  using FastPath = std::function<bool(const Message& request, const Reply& reply)>;
 
   explicit Agent(AgentOptions options);
   ~Agent();
@@ -77,7 +78,9 @@ class Agent {
   std::pair<std::string, std::string> listen();
   // The whole job's table, indexed by rank; after the rendezvous.
   void setPeers(std::vector<PeerInfo> peers);
-  void setHandler(MessageType type, Handler handler);
+  // `what` names the handler's work in the error of an exception it throws
+  // (default: the message type).
+  void setHandler(MessageType type, Handler handler, std::string what = "");
   void setFastPath(MessageType type, FastPath fastPath);
   // Sees every request and response on its way (distributed autograd). Set it
   // before startServing(); at most one.
@@ -96,6 +99,13 @@ class Agent {
   // Whether send(dst, ...) of `bytes` would return without waiting: connected
   // (or oneself) and not backlogged. A hint; the answer may change at once.
   bool sendsAtOnce(int dst, uint64_t bytes) const;
+
+  // The one switch on the message type, on the calling (pool) thread: runs
+  // `request` with the handler of its type and answers `reply`. RRef owners
+  // run the call that creates a value through it, with a reply that keeps the
+  // value. `scope` (from the interceptor) covers the handler's continuations.
+  void serve(Message&& request, int callerRank, Reply reply,
+             const std::shared_ptr<CallScope>& scope = nullptr);
 
   // Waits until no call of this worker is pending; returns how many still are.
   size_t waitPending(double timeoutSeconds);
@@ -129,16 +139,15 @@ class Agent {
   void onCloseFromLoop(const std::shared_ptr<Connection>& conn, const std::string& reason);
   void onHelloFromLoop(const std::shared_ptr<Connection>& conn, Message&& m);
   void onResponse(Message&& m, int src);
-  void dispatch(Message&& request, int callerRank, Responder respond);
-  void dispatchUnscoped(Message&& request, int callerRank, Responder respond,
-                        const std::shared_ptr<CallScope>& scope);
+  // Applies the interceptor, then serve().
+  void dispatch(Message&& request, int callerRank, Reply reply);
   void respondOn(const std::shared_ptr<Connection>& conn, Message&& response);
   std::string peerLabel(int rank) const;
 
   const AgentOptions options_;
   std::vector<PeerInfo> peers_;
   std::vector<std::unique_ptr<PeerState>> peerStates_;
-  std::unordered_map<uint16_t, Handler> handlers_;
+  std::unordered_map<uint16_t, std::pair<Handler, std::string>> handlers_;  // handler, what
   std::unordered_map<uint16_t, FastPath> fastPaths_;
   std::shared_ptr<Interceptor> interceptor_;
   script_dispatch::Registry registry_;

@@ -290,20 +290,18 @@ void sendCleanup(Agent& agent, const Context& ctx) {
   }
 }
 
-void respondWhenDone(const FuturePtr& done, uint64_t id, const std::string& worker,
-                     Agent::Responder respond) {
-  done->addCallback([id, worker, respond = std::move(respond)](c10::ivalue::Future& f) {
+void replyWhenDone(const FuturePtr& done, const std::string& worker, const Reply& reply) {
+  done->addCallback([worker, reply](c10::ivalue::Future& f) {
     if (f.hasError()) {
-      respond(exceptionMessage(id, describeException(f.exception_ptr(), kBackwardFunction, worker)));
+      reply.error(describeException(f.exception_ptr(), kBackwardFunction, worker));
     } else {
-      respond(ivalueMessage(MessageType::kScriptRet, id, c10::IValue()));
+      reply.value(c10::IValue());
     }
   });
 }
 
-void onBackward(Agent& agent, Message&& request, int callerRank, Agent::Responder respond) {
+void onBackward(Agent& agent, Message&& request, int callerRank, const Reply& reply) {
   const std::string& worker = agent.options().name;
-  const uint64_t id = request.id;
   BackwardRequest r = parseBackward(std::move(request));
   if (r.report) reportToTracker(r.backwardId, *r.report);
   auto ctx = Container::get().retrieve(r.contextId, worker);
@@ -320,14 +318,13 @@ void onBackward(Agent& agent, Message&& request, int callerRank, Agent::Responde
     inputs.push_back(std::move(*r.grads[i]));
   }
   PassInfo pass{r.rootRank, r.backwardId, r.passId, callerRank};
-  respondWhenDone(runPass(agent, ctx, roots, inputs, /*keepGraph=*/true, r.retainGraph, pass), id,
-                  worker, std::move(respond));
+  replyWhenDone(runPass(agent, ctx, roots, inputs, /*keepGraph=*/true, r.retainGraph, pass), worker, reply);
 }
 
-void onCleanup(Agent& agent, Message&& request, int, Agent::Responder respond) {
+void onCleanup(Agent& agent, Message&& request, int, const Reply& reply) {
   const int64_t contextId = parseCleanup(request);
   if (auto ctx = Container::get().release(contextId)) sendCleanup(agent, *ctx);
-  respond(ivalueMessage(MessageType::kScriptRet, request.id, c10::IValue()));
+  reply.value(c10::IValue());
 }
 
 }  // namespace
@@ -337,27 +334,23 @@ void install(Agent& agent) {
   Container::get().setRank(agent.options().rank);
   agent.setInterceptor(std::make_shared<Recorder>(agent.options().rank, agent.options().name));
   Agent* a = &agent;  // handlers are owned by the agent: it outlives them
-  auto guarded = [a](void (*fn)(Agent&, Message&&, int, Agent::Responder), const char* what) {
-    return [a, fn, what](Message&& request, int callerRank, Agent::Responder respond) {
-      const uint64_t id = request.id;
-      try {
-        fn(*a, std::move(request), callerRank, respond);
-      } catch (...) {
-        respond(exceptionMessage(id, describeException(std::current_exception(), what, a->options().name)));
-      }
-    };
-  };
-  agent.setHandler(MessageType::kAutogradBackward, guarded(&onBackward, kBackwardFunction));
-  agent.setHandler(MessageType::kAutogradCleanup, guarded(&onCleanup, "release autograd context"));
+  // An exception a handler throws is its answer (Agent::serve).
+  agent.setHandler(
+      MessageType::kAutogradBackward,
+      [a](Message&& request, int callerRank, Reply reply) { onBackward(*a, std::move(request), callerRank, reply); },
+      kBackwardFunction);
+  agent.setHandler(
+      MessageType::kAutogradCleanup,
+      [a](Message&& request, int callerRank, Reply reply) { onCleanup(*a, std::move(request), callerRank, reply); },
+      "release autograd context");
   // Reports are tiny and may end a backward(): answered on the I/O thread.
-  agent.setFastPath(MessageType::kAutogradPassDone, [a](const Message& request, const Agent::Responder& respond) {
+  agent.setFastPath(MessageType::kAutogradPassDone, [a](const Message& request, const Reply& reply) {
     try {
       auto [backwardId, report] = parsePassDone(request);
       reportToTracker(backwardId, report);
-      respond(ivalueMessage(MessageType::kScriptRet, request.id, c10::IValue()));
+      reply.value(c10::IValue());
     } catch (...) {
-      respond(exceptionMessage(request.id, describeException(std::current_exception(), "AUTOGRAD_PASS_DONE",
-                                                             a->options().name)));
+      reply.error(describeException(std::current_exception(), "AUTOGRAD_PASS_DONE", a->options().name));
     }
     return true;
   });

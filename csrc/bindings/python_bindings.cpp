@@ -378,7 +378,9 @@ PYBIND11_MODULE(_C, m) {
              a.setPeers(std::move(out));
            })
       .def("set_python_handler",
-           [](Agent& a, py::object fn) { torchrpc::python_fallback::installPythonHandler(a, std::move(fn)); })
+           [](Agent& a, py::object call, py::object remote) {
+             torchrpc::python_fallback::installPythonHandler(a, std::move(call), std::move(remote));
+           })
       .def("set_script_resolver",
            [](Agent& a, py::object fn) { torchrpc::python_fallback::installScriptResolver(a, std::move(fn)); })
       .def("register_script",
@@ -481,11 +483,9 @@ PYBIND11_MODULE(_C, m) {
   });
 
   py::class_<rref::RRefContext, std::shared_ptr<rref::RRefContext>>(m, "RRefContext")
-      .def(py::init([](std::shared_ptr<Agent> agent, py::object runner, py::object encoder,
-                       py::object methodRunner) {
+      .def(py::init([](std::shared_ptr<Agent> agent, py::object encoder, py::object methodRunner) {
         auto ctx = rref::RRefContext::create(std::move(agent));
-        torchrpc::python_fallback::installRRefPython(*ctx, std::move(runner), std::move(encoder),
-                                                     std::move(methodRunner));
+        torchrpc::python_fallback::installRRefPython(*ctx, std::move(encoder), std::move(methodRunner));
         return ctx;
       }))
       .def("create_owner",

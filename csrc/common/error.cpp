@@ -31,6 +31,20 @@ std::exception_ptr makeRpcError(ErrorKind kind, std::string message,
                                           std::move(remoteTraceback)));
 }
 
+ErrorParts errorParts(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const RpcError& e) {
+    return {e.kind(), e.message(), e.remoteType(), e.remoteTraceback()};
+  } catch (const c10::Error& e) {
+    return {ErrorKind::kGeneric, e.what_without_backtrace()};
+  } catch (const std::exception& e) {
+    return {ErrorKind::kGeneric, e.what()};
+  } catch (...) {
+    return {ErrorKind::kGeneric, "unknown error"};
+  }
+}
+
 std::string errnoMessage(const char* what, int err) {
   char buf[256];
   const char* text = strerror_r(err, buf, sizeof(buf));

@@ -43,6 +43,16 @@ std::exception_ptr makeRpcError(ErrorKind kind, std::string message,
                                 std::string remoteType = "",
                                 std::string remoteTraceback = "");
 
+// The parts of the error an exception_ptr holds: an RpcError's own, or
+// kGeneric with the text of any other exception.
+struct ErrorParts {
+  ErrorKind kind{ErrorKind::kGeneric};
+  std::string message;
+  std::string remoteType;
+  std::string remoteTraceback;
+};
+ErrorParts errorParts(const std::exception_ptr& error);
+
 // errno as text, for transport errors: "connect: Connection refused (errno 111)".
 std::string errnoMessage(const char* what, int err);
 

@@ -51,38 +51,6 @@ class PyValueHolder final : public c10::ivalue::PyObjectHolder {
   py::object obj_;
 };
 
-// What a remote() handler gave: the owner's value, or the error.
-struct Outcome {
-  c10::IValue value;
-  std::optional<RemoteException> error;
-
-  // Call without the GIL.
-  void deliver(const std::function<void(c10::IValue)>& onValue,
-               const std::function<void(const RemoteException&)>& onError) {
-    if (error) {
-      onError(*error);
-    } else {
-      onValue(std::move(value));
-    }
-  }
-};
-
-RemoteException handlerFailure(const std::string& why, const std::string& worker) {
-  return RemoteException{"RuntimeError", "torchrpc's Python remote() handler failed: " + why, "",
-                         "<python call>", worker};
-}
-
-// An ("ok", value) / ("err", ...) outcome tuple. Needs the GIL.
-Outcome decodeOutcome(const py::tuple& out, const std::string& worker) {
-  Outcome o;
-  if (out[0].cast<std::string>() == "ok") {
-    o.value = pyObjectIValue(py::reinterpret_borrow<py::object>(out[1]));
-  } else {
-    o.error = remoteExceptionFrom(out, worker);
-  }
-  return o;
-}
-
 // The element type of a plain list or dict: that of its first element,
 // which every other element must share exactly; null if it is not one.
 c10::TypePtr elementType(PyObject* first) {
@@ -177,65 +145,19 @@ c10::IValue pyObjectIValue(py::object obj) {
   return c10::IValue(std::move(holder));
 }
 
-void installRRefPython(rref::RRefContext& ctx, py::object runner, py::object encoder,
-                      py::object methodRunner) {
-  auto run = sharedPyObject(std::move(runner));
+void installRRefPython(rref::RRefContext& ctx, py::object encoder, py::object methodRunner) {
   auto encode = sharedPyObject(std::move(encoder));
   auto method = sharedPyObject(std::move(methodRunner));
   const std::string worker = ctx.workerName();
-  ctx.setPythonRunner([run, worker](Message&& call, int callerRank,
-                                    std::function<void(c10::IValue)> onValue,
-                                    std::function<void(const RemoteException&)> onError) {
-    Outcome now;
-    c10::intrusive_ptr<c10::ivalue::Future> later;
-    {
-      PythonTurn turn;  // before the GIL: see python_turn.h
-      Gil gil;
-      try {
-        py::tuple out = callPythonHandler(*run, call, callerRank);
-        if (out[0].cast<std::string>() == "async") {
-          // @async_execution (e.g. rref.remote().method()): the value is what
-          // the function's future gives, as an ("ok", value) / ("err", ...)
-          // outcome; no thread waits for it.
-          later = py::cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>(out[1])->fut;
-        } else {
-          now = decodeOutcome(out, worker);
-        }
-      } catch (const std::exception& e) {
-        now.error = handlerFailure(e.what(), worker);
-      }
-    }
-    // Outside the GIL: completing the value runs fetch callbacks, which take it.
-    if (!later) {
-      now.deliver(onValue, onError);
-      return;
-    }
-    later->addCallback([onValue, onError, worker](c10::ivalue::Future& done) {
-      Outcome late;
-      {
-        Gil gil;
-        try {
-          if (done.hasError()) {
-            late.error = handlerFailure(done.tryRetrieveErrorMessage(), worker);
-          } else {
-            late = decodeOutcome(torch::jit::toPyObject(done.value()), worker);
-          }
-        } catch (const std::exception& e) {
-          late.error = handlerFailure(e.what(), worker);
-        }
-      }
-      late.deliver(onValue, onError);
-    });
-  });
   ctx.setPythonEncoder([encode, worker](uint64_t id, const c10::IValue& value) {
     Gil gil;
     return pythonResponse((*encode)(py::handle(value.toPyObject())), id, worker);
   });
   ctx.setPythonMethodRunner([method, encode, worker](uint64_t id, const c10::IValue& object,
                                                      const std::string& name, const c10::IValue& args,
-                                                     const c10::IValue& kwargs, Agent::Responder respond) {
+                                                     const c10::IValue& kwargs, Reply reply) {
     runAndRespond(
-        id, worker, respond,
+        worker, reply,
         [&] {
           return (*method)(torch::jit::toPyObject(object), name, torch::jit::toPyObject(args),
                            torch::jit::toPyObject(kwargs));

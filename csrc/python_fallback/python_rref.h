@@ -1,8 +1,9 @@
 #pragma once
 
-// The Python side of RRefs: runs remote() of Python callables on the owner
-// (keeping the result as a Python object inside an IValue) and encodes Python
-// values for to_here(). Part of the bridge: the only C++ that takes the GIL.
+// The Python side of RRefs: Python objects as an owner's values, to_here()
+// of them, and proxies' method calls. (remote() of a Python callable runs
+// through the PYTHON_CALL handler, run_python.h.) Part of the bridge: the
+// only C++ that takes the GIL.
 
 #include <pybind11/pybind11.h>
 
@@ -14,15 +15,12 @@
 
 namespace torchrpc::python_fallback {
 
-// runner(payload: memoryview, tensors: list[Tensor], caller_rank: int) returns
-//   ("ok", value)  or  ("err", type, message, traceback, function)
 // encoder(value[, name]) returns ("ok", payload: bytes, tensors) or the "err" tuple.
 // methodRunner(object, name, args: tuple, kwargs: dict) calls object.name(...)
 //   for RREF_METHOD_CALL; returns ("value", result, label) (sent as an IValue
 //   if plainIValue takes it, else pickled with encoder(result, label)), or
 //   ("err", ...), ("async", future).
-void installRRefPython(rref::RRefContext& ctx, pybind11::object runner, pybind11::object encoder,
-                       pybind11::object methodRunner);
+void installRRefPython(rref::RRefContext& ctx, pybind11::object encoder, pybind11::object methodRunner);
 
 // A Python object as an IValue (PyObject tag); call with the GIL held.
 c10::IValue pyObjectIValue(pybind11::object obj);

@@ -7,6 +7,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "message/payload.h"
+#include "python_fallback/python_rref.h"
 
 namespace py = pybind11;
 
@@ -69,8 +70,9 @@ Message pythonResponse(const py::handle& outcome, uint64_t id, const std::string
   return exceptionMessage(id, remoteExceptionFrom(out, worker));
 }
 
-void runAndRespond(uint64_t id, const std::string& worker, const Agent::Responder& respond,
-                   const std::function<py::object()>& handler, const OutcomeResponse& other) {
+void runAndRespond(const std::string& worker, const Reply& reply, const std::function<py::object()>& handler,
+                   const OutcomeResponse& other) {
+  const uint64_t id = reply.id();
   Message response;
   {
     PythonTurn turn;  // before the GIL: see python_turn.h
@@ -82,7 +84,7 @@ void runAndRespond(uint64_t id, const std::string& worker, const Agent::Responde
         // @async_execution: respond when the function's future completes
         // (its value is already an outcome tuple); this thread is free now.
         auto future = py::cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>(out[1])->fut;
-        future->addCallback([id, worker, respond](c10::ivalue::Future& done) {
+        future->addCallback([id, worker, reply](c10::ivalue::Future& done) {
           Message late;
           {
             Gil gil;
@@ -93,7 +95,7 @@ void runAndRespond(uint64_t id, const std::string& worker, const Agent::Responde
               late = bridgeFailure(id, e.what(), worker);
             }
           }
-          respond(std::move(late));
+          reply(std::move(late));
         });
         return;
       }
@@ -107,16 +109,99 @@ void runAndRespond(uint64_t id, const std::string& worker, const Agent::Responde
       response = bridgeFailure(id, e.what(), worker);
     }
   }
-  respond(std::move(response));
+  reply(std::move(response));
 }
 
-void installPythonHandler(Agent& agent, py::object handler) {
-  auto fn = sharedPyObject(std::move(handler));
-  const std::string worker = agent.options().name;
-  agent.setHandler(MessageType::kPythonCall, [fn, worker](Message&& request, int callerRank,
-                                                          Agent::Responder respond) {
-    runAndRespond(request.id, worker, respond, [&] { return callPythonHandler(*fn, request, callerRank); });
+namespace {
+
+RemoteException handlerFailure(const std::string& why, const std::string& worker) {
+  return RemoteException{"RuntimeError", "torchrpc's Python remote() handler failed: " + why, "",
+                         "<python call>", worker};
+}
+
+// Answers a reply that wants the value with an ("ok", value) / ("err", ...)
+// outcome tuple. Needs the GIL; `reply` is answered after it is released.
+struct Outcome {
+  c10::IValue value;
+  std::optional<RemoteException> error;
+
+  static Outcome of(const py::tuple& out, const std::string& worker) {
+    Outcome o;
+    if (out[0].cast<std::string>() == "ok") {
+      o.value = pyObjectIValue(py::reinterpret_borrow<py::object>(out[1]));
+    } else {
+      o.error = remoteExceptionFrom(out, worker);
+    }
+    return o;
+  }
+
+  // Call without the GIL: completing a value runs fetch callbacks, which take it.
+  void answer(const Reply& reply) {
+    if (error) {
+      reply.error(*error);
+    } else {
+      reply.value(std::move(value));
+    }
+  }
+};
+
+// The owner's run of a remote()'s Python call: the value stays a Python object.
+void runForValue(const py::object& handler, Message& call, int callerRank, const std::string& worker,
+                 const Reply& reply) {
+  Outcome now;
+  c10::intrusive_ptr<c10::ivalue::Future> later;
+  {
+    PythonTurn turn;  // before the GIL: see python_turn.h
+    Gil gil;
+    try {
+      py::tuple out = callPythonHandler(handler, call, callerRank);
+      if (out[0].cast<std::string>() == "async") {
+        // @async_execution (e.g. rref.remote().method()): the value is what
+        // the function's future gives, as an outcome; no thread waits for it.
+        later = py::cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>(out[1])->fut;
+      } else {
+        now = Outcome::of(out, worker);
+      }
+    } catch (const std::exception& e) {
+      now.error = handlerFailure(e.what(), worker);
+    }
+  }
+  if (!later) {
+    now.answer(reply);
+    return;
+  }
+  later->addCallback([reply, worker](c10::ivalue::Future& done) {
+    Outcome late;
+    {
+      Gil gil;
+      try {
+        if (done.hasError()) {
+          late.error = handlerFailure(done.tryRetrieveErrorMessage(), worker);
+        } else {
+          late = Outcome::of(torch::jit::toPyObject(done.value()), worker);
+        }
+      } catch (const std::exception& e) {
+        late.error = handlerFailure(e.what(), worker);
+      }
+    }
+    late.answer(reply);
   });
+}
+
+}  // namespace
+
+void installPythonHandler(Agent& agent, py::object call, py::object remote) {
+  auto forCaller = sharedPyObject(std::move(call));
+  auto forValue = sharedPyObject(std::move(remote));
+  const std::string worker = agent.options().name;
+  agent.setHandler(MessageType::kPythonCall,
+                   [forCaller, forValue, worker](Message&& request, int callerRank, Reply reply) {
+                     if (reply.wantsValue()) {
+                       runForValue(*forValue, request, callerRank, worker, reply);
+                       return;
+                     }
+                     runAndRespond(worker, reply, [&] { return callPythonHandler(*forCaller, request, callerRank); });
+                   });
 }
 
 void installScriptResolver(Agent& agent, py::object resolver) {

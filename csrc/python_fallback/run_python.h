@@ -12,10 +12,15 @@
 
 namespace torchrpc::python_fallback {
 
-// handler(payload: memoryview, tensors: list[Tensor], caller_rank: int) returns
-//   ("ok", payload: bytes, tensors: list[Tensor])  or
-//   ("err", type: str, message: str, traceback: str, function: str)
-void installPythonHandler(Agent& agent, pybind11::object handler);
+// The PYTHON_CALL handler. Both Python functions are called as
+// f(payload: memoryview, tensors: list[Tensor], caller_rank: int):
+//   call    for a caller, returns ("ok", payload: bytes, tensors: list[Tensor])
+//           or ("err", type: str, message: str, traceback: str, function: str),
+//           or ("async", future of such a tuple);
+//   remote  for an RRef's owner, which keeps the value (a reply that wants
+//           it, see message/reply.h), returns ("ok", value) or the "err"
+//           tuple, or ("async", future of such a tuple).
+void installPythonHandler(Agent& agent, pybind11::object call, pybind11::object remote);
 
 // resolver(name: str, module_hint: str) -> torch.jit.ScriptFunction | None
 void installScriptResolver(Agent& agent, pybind11::object resolver);
@@ -38,13 +43,13 @@ RemoteException remoteExceptionFrom(const pybind11::tuple& outcome, const std::s
 // PYTHON_RET or EXCEPTION. Needs the GIL.
 Message pythonResponse(const pybind11::handle& outcome, uint64_t id, const std::string& worker);
 
-// Runs `handler` in a Python turn under the GIL and responds once with its
-// outcome: ("ok", ...) and ("err", ...) at once, ("async", future) when the
-// future (of such an outcome) completes. `other`, if given, makes the
+// Runs `handler` in a Python turn under the GIL and answers `reply` once with
+// its outcome: ("ok", ...) and ("err", ...) at once, ("async", future) when
+// the future (of such an outcome) completes. `other`, if given, makes the
 // response of any other outcome (under the GIL); an outcome neither knows,
 // or an exception, is answered as the bridge's failure.
 using OutcomeResponse = std::function<Message(const pybind11::tuple& outcome)>;
-void runAndRespond(uint64_t id, const std::string& worker, const Agent::Responder& respond,
-                   const std::function<pybind11::object()>& handler, const OutcomeResponse& other = nullptr);
+void runAndRespond(const std::string& worker, const Reply& reply, const std::function<pybind11::object()>& handler,
+                   const OutcomeResponse& other = nullptr);
 
 }  // namespace torchrpc::python_fallback

@@ -4,21 +4,9 @@
 // handlers (upstream's "Remote Reference Protocol", implemented once for
 // script, builtin and Python calls alike).
 //
-// Tables (all under mutex_):
-//   owners_          RRefs this worker owns that some user may reference:
-//                    rrefId -> {OwnerRRef, forks}. An entry exists while its
-//                    fork set is non-empty, or while its value is still being
-//                    created / was asked for before creation started (messages
-//                    of one RRef may be handled out of order: a FORK_REQUEST or
-//                    RREF_FETCH can run before the REMOTE_CALL that creates it).
-//   pendingUsers_    forkId -> UserRRef not yet confirmed by the owner: kept
-//                    alive here so that it cannot send USER_DELETE before the
-//                    owner knows the fork.
-//   pendingChildren_ forkId -> RRef this worker sent to another worker (the
-//                    child) as a user: kept alive until the child is confirmed
-//                    (CHILD_ACCEPT), so dropping our copy right after sending it
-//                    cannot make the owner free the value first.
-//   users_/ownerObjects_  every live RRef object (weak), for listing and shutdown.
+// State: the owner's side in OwnerTable (owner_table.h), the user's side in
+// UserTable (user_table.h), each an explicit state machine; the protocol
+// steps in flight in InFlight (in_flight.h).
 //
 // Protocol steps (upstream's Note [Early Fork Registration] and friends):
 //   fork(rref) on the sender P (pickling an RRef into a message):
@@ -37,12 +25,15 @@
 //   remote(): the caller makes a pending UserRRef and sends REMOTE_CALL; the
 //     owner registers the fork, creates the value, acks; the ack confirms.
 //
+// Creating a value runs the creating call through the agent's one switch
+// (Agent::serve) with a reply that keeps the value.
+//
 // Threads: every public method may be called from any thread. Handlers run on
 // the agent's pool, except two that the I/O thread takes when they need no
 // GIL: fetches (fetchAtOnce) and USER_DELETEs of small TorchScript values
 // (deleteAtOnce). Follow-ups of a response (confirm, CHILD_ACCEPT) run on
-// the pool too, never on the I/O thread. No RRef is ever destroyed while
-// mutex_ is held (a UserRRef destructor calls back into the context).
+// the pool too, never on the I/O thread. No RRef is ever destroyed while a
+// table's lock is held (a UserRRef destructor calls back into the context).
 
 #include <ATen/core/ivalue.h>
 
@@ -58,25 +49,23 @@
 #include <vector>
 
 #include "agent/agent.h"
+#include "rref/in_flight.h"
+#include "rref/owner_table.h"
 #include "rref/rref.h"
+#include "rref/user_table.h"
 
 namespace torchrpc::rref {
 
 class RRefContext : public std::enable_shared_from_this<RRefContext> {
  public:
   using FuturePtr = c10::intrusive_ptr<c10::ivalue::Future>;
-  // Runs a PYTHON_CALL (on a pool thread; takes the GIL) and reports the
-  // result object (as a PyObject IValue) or the exception, exactly once.
-  using PythonRunner =
-      std::function<void(Message&& call, int callerRank, std::function<void(c10::IValue)> onValue,
-                         std::function<void(const RemoteException&)> onError)>;
   // Encodes a PyObject IValue as a PYTHON_RET response (takes the GIL).
   using PythonEncoder = std::function<Message(uint64_t id, const c10::IValue& value)>;
   // Calls method `name` of an owner's value (takes the GIL) and responds,
   // exactly once, with its result or the exception (RREF_METHOD_CALL).
   using PythonMethodRunner =
       std::function<void(uint64_t id, const c10::IValue& object, const std::string& name,
-                         const c10::IValue& args, const c10::IValue& kwargs, Agent::Responder respond)>;
+                         const c10::IValue& args, const c10::IValue& kwargs, Reply reply)>;
 
   // Creates the context and installs its handlers on the agent. The newest
   // context becomes current() (one init_rpc or torchrpc::Worker per process).
@@ -87,7 +76,6 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // running (never initialised, or stop() was called).
   static std::shared_ptr<RRefContext> current();
 
-  void setPythonRunner(PythonRunner runner);
   void setPythonEncoder(PythonEncoder encoder);
   void setPythonMethodRunner(PythonMethodRunner runner);
 
@@ -167,44 +155,35 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   void forgetOwner(const RRefId& id, const OwnerRRef* owner);
 
  private:
-  struct OwnerEntry {
-    std::shared_ptr<OwnerRRef> rref;
-    std::unordered_set<ForkId, GlobalIdHash> forks;
-    bool creating{false};  // a REMOTE_CALL is running; keep even with no forks
-  };
-
   explicit RRefContext(std::shared_ptr<Agent> agent);
   void installHandlers();
   GlobalId newId();
-  // Finds or creates owners_[id]; mutex_ held.
-  OwnerEntry& ownerEntryLocked(const RRefId& id);
-  // Drops an entry whose forks are gone and that nothing else waits for;
-  // returns the RRef so the caller drops it outside the lock.
-  std::shared_ptr<OwnerRRef> maybeEraseLocked(const RRefId& id);
+  // Runs the call that creates `owner`'s value (on this pool thread), then
+  // ends the creation; `token` counts it in flight until then.
   void runCreation(const std::shared_ptr<OwnerRRef>& owner, Message&& call, int callerRank,
-                   std::function<void()> done);
-  void handleRemoteCall(Message&& request, int callerRank, Agent::Responder respond);
-  void handleFetch(Message&& request, Agent::Responder respond);
-  void handleMethodCall(Message&& request, Agent::Responder respond);
+                   InFlight::Token token, std::function<void()> done = nullptr);
+  void handleRemoteCall(Message&& request, int callerRank, const Reply& reply);
+  void handleFetch(Message&& request, const Reply& reply);
+  void handleMethodCall(Message&& request, const Reply& reply);
   // The I/O thread's handling of a fetch (false leaves it to handleFetch, on
   // the pool): see answerFetch.
-  bool fetchAtOnce(const Message& request, const Agent::Responder& respond);
+  bool fetchAtOnce(const Message& request, const Reply& reply);
   // The I/O thread's handling of a USER_DELETE whose value it can free at
   // once (a small TorchScript value; false leaves it to the pool): one pool
   // task less per dropped RRef.
-  bool deleteAtOnce(const Message& request, const Agent::Responder& respond);
+  bool deleteAtOnce(const Message& request, const Reply& reply);
   // Answers a fetch of `owner`'s value: at once if it is there, else when it
   // is, from the thread that completes it. Python values and errors are
   // answered on the pool unless `onPool` says this thread already is.
-  void answerFetch(uint64_t id, const RRefId& rrefId, const std::shared_ptr<OwnerRRef>& owner,
-                   const Agent::Responder& respond, bool onPool);
+  void answerFetch(const RRefId& rrefId, const std::shared_ptr<OwnerRRef>& owner, const Reply& reply,
+                   bool onPool);
   Message encodeValue(uint64_t id, const c10::IValue& value);
-  // Sends a protocol request; `then` runs on the pool with the response
-  // future, after which the in-flight count drops.
+  // Sends a protocol request, counted in flight until it is answered and
+  // `then` (if any) ran on the pool with the outcome.
   void sendTracked(int dst, Message&& m, double timeoutSeconds, const std::string& callKind,
                    const std::string& what, std::function<void(std::exception_ptr)> then);
   // sendTracked() from a pool thread, counted in flight from now; `then`
-  // also gets a synchronous send failure.
+  // also gets a synchronous send failure. Never throws.
   void sendTrackedLater(int dst, Message&& m, const std::string& what,
                         std::function<void(std::exception_ptr)> then);
   // The owner acknowledged (or failed to) fork `forkId`: confirm the pending
@@ -214,21 +193,14 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   std::shared_ptr<Agent> agent_;
   const int rank_;
   std::atomic<int64_t> nextLocal_{1};
-  PythonRunner pythonRunner_;
   PythonEncoder pythonEncoder_;
   PythonMethodRunner pythonMethodRunner_;
 
-  mutable std::mutex mutex_;
-  std::unordered_map<RRefId, OwnerEntry, GlobalIdHash> owners_;
-  std::unordered_map<ForkId, std::shared_ptr<UserRRef>, GlobalIdHash> pendingUsers_;
-  std::unordered_map<ForkId, std::shared_ptr<RRef>, GlobalIdHash> pendingChildren_;
-  std::unordered_map<ForkId, std::weak_ptr<UserRRef>, GlobalIdHash> users_;
-  std::unordered_map<RRefId, const OwnerRRef*, GlobalIdHash> ownerObjects_;
-
+  // Set in create(): they hand out weak references to the context.
+  std::unique_ptr<OwnerTable> owners_;
+  UserTable users_;
+  InFlight inFlight_;
   std::atomic<bool> stopped_{false};
-  mutable std::mutex idleMutex_;
-  std::condition_variable idleCv_;
-  size_t inFlight_{0};  // under idleMutex_
 };
 
 }  // namespace torchrpc::rref

@@ -40,44 +40,35 @@ void normalizeInputs(const c10::FunctionSchema& schema, torch::jit::Stack& stack
   }
 }
 
-// Responds with the future's value once it completes. A function that
+// Answers with the future's value once it completes. A function that
 // returns a Future (async execution) is answered when that one completes.
-void respondWhenDone(c10::intrusive_ptr<c10::ivalue::Future> future, uint64_t id, std::string function,
-                     std::string worker, std::function<void(Message&&)> respond) {
-  future->addCallback([id, function, worker, respond](c10::ivalue::Future& f) {
-    std::exception_ptr error = f.hasError() ? f.exception_ptr() : nullptr;
-    if (!error) {
-      try {
-        if (f.value().isFuture()) {
-          respondWhenDone(f.value().toFuture(), id, function, worker, respond);
-          return;
-        }
-        respond(ivalueMessage(MessageType::kScriptRet, id, f.value()));
-        return;
-      } catch (...) {
-        error = std::current_exception();  // e.g. a result that cannot be pickled
-      }
+void replyWhenDone(c10::intrusive_ptr<c10::ivalue::Future> future, std::string function, std::string worker,
+                   Reply reply) {
+  future->addCallback([function, worker, reply](c10::ivalue::Future& f) {
+    if (f.hasError()) {
+      reply.error(describeException(f.exception_ptr(), function, worker));
+    } else if (f.value().isFuture()) {
+      replyWhenDone(f.value().toFuture(), function, worker, reply);
+    } else {
+      reply.value(f.value(), function);
     }
-    respond(exceptionMessage(id, describeException(error, function, worker)));
   });
 }
 
-void runBuiltin(uint64_t id, const std::string& name, torch::jit::Stack stack,
-                Registry& registry, const std::string& worker,
-                const std::function<void(Message&&)>& respond) {
+void runBuiltin(const std::string& name, torch::jit::Stack stack, Registry& registry, const std::string& worker,
+                const Reply& reply) {
   auto op = registry.findOperator(name);
   if (!op) {
-    respond(exceptionMessage(
-        id, RemoteException{"RuntimeError",
-                            "worker " + worker + " has no operator '" + name +
-                                "'; it may need an extension library loaded (torch.ops.load_library)",
-                            "", name, worker}));
+    reply.error(RemoteException{"RuntimeError",
+                                "worker " + worker + " has no operator '" + name +
+                                    "'; it may need an extension library loaded (torch.ops.load_library)",
+                                "", name, worker});
     return;
   }
   normalizeInputs(op->schema(), stack, c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()),
                   name, worker);
   op->getOperation()(stack);
-  respond(ivalueMessage(MessageType::kScriptRet, id, resultOf(stack, op->schema().returns().size())));
+  reply.value(resultOf(stack, op->schema().returns().size()), name);
 }
 
 }  // namespace
@@ -95,16 +86,15 @@ Message builtinCallMessage(const std::string& schemaName, std::vector<c10::IValu
                        c10::ivalue::Tuple::create({schemaName, tupleOf(std::move(stack))}));
 }
 
-void run(Message&& request, Registry& registry, const TaskLauncher& launcher,
-         const std::string& worker, std::function<void(Message&&)> respond) {
-  const uint64_t id = request.id;
+void run(Message&& request, Registry& registry, const TaskLauncher& launcher, const std::string& worker,
+         const Reply& reply) {
   std::string function = "<undecoded call>";
   try {
     auto call = messageIValue(request).toTuple();
     const auto& el = call->elements();
     function = el[0].toStringRef();
     if (request.type == MessageType::kBuiltinCall) {
-      runBuiltin(id, function, stackOf(el[1]), registry, worker, respond);
+      runBuiltin(function, stackOf(el[1]), registry, worker, reply);
       return;
     }
     const std::string& moduleHint = el[1].toStringRef();
@@ -112,24 +102,21 @@ void run(Message&& request, Registry& registry, const TaskLauncher& launcher,
     auto callee = shipped.isNone() ? registry.find(function, moduleHint)
                                    : shippedCallee(registry, shipped, function, worker);
     if (!callee) {
-      respond(exceptionMessage(
-          id, RemoteException{
-                  kUnknownFunction,
-                  shipped.isNone()
-                      ? "worker " + worker + " has no TorchScript function named '" + function +
-                            "'. Import the module that defines it on " + worker +
-                            (moduleHint.empty() ? "" : " ('" + moduleHint + "')") +
-                            ", or call torchrpc.register(name, fn) there."
-                      : "worker " + worker + " no longer has the shipped code of '" + function + "'",
-                  "", function, worker}));
+      reply.error(RemoteException{
+          kUnknownFunction,
+          shipped.isNone() ? "worker " + worker + " has no TorchScript function named '" + function +
+                                 "'. Import the module that defines it on " + worker +
+                                 (moduleHint.empty() ? "" : " ('" + moduleHint + "')") +
+                                 ", or call torchrpc.register(name, fn) there."
+                           : "worker " + worker + " no longer has the shipped code of '" + function + "'",
+          "", function, worker});
       return;
     }
     torch::jit::Stack stack = stackOf(el[2]);
     normalizeInputs(callee->schema(), stack, el.at(3).toGenericDict(), function, worker);
-    auto done = callee->runAsync(stack, launcher);  // before respond moves: the catch needs it if this throws
-    respondWhenDone(std::move(done), id, function, worker, std::move(respond));
+    replyWhenDone(callee->runAsync(stack, launcher), function, worker, reply);
   } catch (...) {
-    respond(exceptionMessage(id, describeException(std::current_exception(), function, worker)));
+    reply.error(describeException(std::current_exception(), function, worker));
   }
 }
 

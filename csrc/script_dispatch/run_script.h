@@ -22,6 +22,7 @@
 #include <ATen/core/stack.h>
 
 #include "message/message.h"
+#include "message/reply.h"
 #include "script_dispatch/registry.h"
 
 namespace torchrpc::script_dispatch {
@@ -36,9 +37,9 @@ Message scriptCallMessage(const std::string& name, const std::string& moduleHint
                           c10::IValue shipped = c10::IValue());
 Message builtinCallMessage(const std::string& schemaName, std::vector<c10::IValue> stack);
 
-// Runs a SCRIPT_CALL or BUILTIN_CALL. `respond` is called exactly once, with
-// SCRIPT_RET or EXCEPTION, possibly later from another thread (async callee).
+// Runs a SCRIPT_CALL or BUILTIN_CALL and answers `reply` once with the result
+// or the error, possibly later from another thread (async callee).
 void run(Message&& request, Registry& registry, const TaskLauncher& launcher,
-         const std::string& workerName, std::function<void(Message&&)> respond);
+         const std::string& workerName, const Reply& reply);
 
 }  // namespace torchrpc::script_dispatch

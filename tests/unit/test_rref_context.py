@@ -20,8 +20,9 @@ class World:
         peers = [(f"w{r}", r, tcp, unix, "test-host") for r, (tcp, unix) in enumerate(addresses)]
         for a in self.agents:
             a.set_peers(peers)
-        self.ctx = [C.RRefContext(a, python_fallback.handle_remote, python_fallback.encode_value,
-                                   python_fallback.handle_method)
+        for a in self.agents:
+            a.set_python_handler(python_fallback.handle_call, python_fallback.handle_remote)
+        self.ctx = [C.RRefContext(a, python_fallback.encode_value, python_fallback.handle_method)
                     for a in self.agents]
         for a in self.agents:
             a.start_serving()

@@ -1,0 +1,252 @@
+// The owner's handlers of the RRef protocol's requests (RRefContext's, see
+// rref_context.h): creating a value, answering fetches and method calls, and
+// the fork bookkeeping messages.
+
+#include "common/error.h"
+#include "common/logging.h"
+#include "rref/rref_context.h"
+#include "rref/rref_messages.h"
+
+namespace torchrpc::rref {
+
+namespace {
+
+// The answer to a request for a value whose creation failed: the owner's
+// recorded error (it names the worker and the creating function), else the
+// future's own.
+Message creationFailure(uint64_t id, const OwnerRRef* owner, const c10::ivalue::Future& value,
+                        const std::string& what, const std::string& worker) {
+  auto error = owner ? owner->error() : std::nullopt;
+  return exceptionMessage(id, error ? *error : describeException(value.exception_ptr(), what, worker));
+}
+
+}  // namespace
+
+void RRefContext::installHandlers() {
+  std::weak_ptr<RRefContext> weak = shared_from_this();
+  const std::string worker = workerName();
+  // An exception a handler throws is its answer (Agent::serve).
+  auto install = [&](MessageType type) {
+    agent_->setHandler(type, [weak, worker, type](Message&& request, int callerRank, Reply reply) {
+      auto self = weak.lock();
+      if (!self) {
+        reply.error(RemoteException{"RuntimeError",
+                                    "RRefs are not served on " + worker + " any more (torchrpc shut down)", "",
+                                    messageTypeName(type), worker});
+        return;
+      }
+      GlobalId a, b;
+      switch (type) {
+        case MessageType::kRemoteCall:
+          self->handleRemoteCall(std::move(request), callerRank, reply);
+          return;
+        case MessageType::kRRefFetch:
+          self->handleFetch(std::move(request), reply);
+          return;
+        case MessageType::kRRefMethodCall:
+          self->handleMethodCall(std::move(request), reply);
+          return;
+        case MessageType::kRRefUserDelete:
+          parseIds(request, &a, &b);
+          self->onUserDelete(a, b);
+          break;
+        case MessageType::kRRefForkRequest:
+          parseIds(request, &a, &b);
+          self->onForkRequest(a, b);
+          break;
+        case MessageType::kRRefChildAccept:
+          parseIds(request, &a);
+          self->onChildAccept(a);
+          break;
+        default:
+          TORCH_CHECK(false, "not an RRef message: ", messageTypeName(type));
+      }
+      reply(ackMessage(reply.id()));
+    });
+  };
+  install(MessageType::kRemoteCall);
+  install(MessageType::kRRefFetch);
+  agent_->setFastPath(MessageType::kRRefFetch, [weak](const Message& request, const Reply& reply) {
+    auto self = weak.lock();
+    return self && self->fetchAtOnce(request, reply);
+  });
+  install(MessageType::kRRefUserDelete);
+  agent_->setFastPath(MessageType::kRRefUserDelete, [weak](const Message& request, const Reply& reply) {
+    auto self = weak.lock();
+    return self && self->deleteAtOnce(request, reply);
+  });
+  install(MessageType::kRRefForkRequest);
+  install(MessageType::kRRefChildAccept);
+  install(MessageType::kRRefMethodCall);
+}
+
+void RRefContext::handleRemoteCall(Message&& request, int callerRank, const Reply& reply) {
+  RRefId rrefId;
+  ForkId forkId;
+  Message call = parseRemoteCall(std::move(request), &rrefId, &forkId);
+  // The caller's UserRRef is registered at once (Early Fork Registration). A
+  // value being created counts in flight (waitIdle, graceful shutdown), also
+  // after its caller stopped waiting.
+  auto owner = owners_->startCreation(rrefId, &forkId);
+  runCreation(owner, std::move(call), callerRank, inFlight_.begin(), [reply] { reply(ackMessage(reply.id())); });
+}
+
+void RRefContext::handleMethodCall(Message&& request, const Reply& reply) {
+  MethodCall call = parseMethodCall(request);
+  // Created on demand, as for a fetch: the call may run before the REMOTE_CALL.
+  auto owner = owners_->awaited(call.rrefId);
+  TORCH_CHECK(owner, "torchrpc shut down on ", workerName());
+  const std::string what = call.name + "() of RRef " + call.rrefId.str();
+  // Waited for here, not in a callback as handleFetch does: the method must
+  // run on this thread, where the call's autograd context is current.
+  if (!owner->waitValue(defaultTimeoutSeconds())) {
+    reply.error(RemoteException{"torchrpc.errors.RpcTimeoutError",
+                                "the value of RRef " + call.rrefId.str() + " was not created on " + workerName() +
+                                    " within " + std::to_string(defaultTimeoutSeconds()) + " s",
+                                "", what, workerName()});
+    return;
+  }
+  const auto& value = owner->value();
+  if (value->hasError()) {
+    reply(creationFailure(reply.id(), owner.get(), *value, what, workerName()));
+    return;
+  }
+  TORCH_CHECK(pythonMethodRunner_, "cannot run ", what, ": ", workerName(),
+              " runs no Python (a C++ worker); its RRefs' methods cannot be called through proxies, "
+              "call its TorchScript functions instead");
+  pythonMethodRunner_(reply.id(), value->value(), call.name, call.args, call.kwargs, reply);
+}
+
+bool RRefContext::fetchAtOnce(const Message& request, const Reply& reply) {
+  RRefId rrefId;
+  try {
+    parseIds(request, &rrefId);
+  } catch (...) {
+    return false;  // the pool's handler reports it
+  }
+  // Created on demand: the fetch may come before the call that creates it.
+  auto owner = owners_->awaited(rrefId);
+  if (!owner) return false;
+  answerFetch(rrefId, owner, reply, /*onPool=*/false);
+  return true;
+}
+
+void RRefContext::handleFetch(Message&& request, const Reply& reply) {
+  RRefId rrefId;
+  parseIds(request, &rrefId);
+  auto owner = owners_->awaited(rrefId);
+  TORCH_CHECK(owner, "torchrpc shut down on ", workerName());
+  answerFetch(rrefId, owner, reply, /*onPool=*/true);
+}
+
+void RRefContext::answerFetch(const RRefId& rrefId, const std::shared_ptr<OwnerRRef>& owner, const Reply& reply,
+                              bool onPool) {
+  std::weak_ptr<RRefContext> weak = shared_from_this();
+  std::weak_ptr<OwnerRRef> weakOwner = owner;
+  const std::string worker = workerName();
+  // Runs where the value is there: answers it, or an error.
+  auto answer = [weak, weakOwner, reply, worker, rrefId](const c10::ivalue::Future& f) {
+    const std::string what = "to_here of RRef " + rrefId.str();
+    try {
+      if (f.hasError()) {
+        reply(creationFailure(reply.id(), weakOwner.lock().get(), f, what, worker));
+        return;
+      }
+      auto self = weak.lock();
+      TORCH_CHECK(self, "torchrpc shut down on ", worker);
+      reply(self->encodeValue(reply.id(), f.constValue()));
+    } catch (...) {
+      reply.error(describeException(std::current_exception(), what, worker));
+    }
+  };
+  // A value that exists is answered here, at once: addCallback runs the
+  // callback inline then. One not created yet is answered by the thread that
+  // completes it, so the fetch needs no pool thread of its own while the
+  // creation runs (a wake-up on the caller's path).
+  auto adding = std::make_shared<std::atomic<bool>>(true);  // the callback runs here, inline
+  owner->value()->addCallback([weak, answer, onPool, adding](c10::ivalue::Future& f) {
+    // Off the pool (the I/O thread), a Python value or an error, which may
+    // need the GIL, is answered on the pool.
+    if (adding->load() && !onPool && (f.hasError() || f.constValue().isPyObject())) {
+      auto value = c10::intrusive_ptr<c10::ivalue::Future>::reclaim_copy(&f);
+      if (auto self = weak.lock()) self->agent_->pool().run([answer, value] { answer(*value); });
+      return;
+    }
+    answer(f);
+  });
+  adding->store(false);
+}
+
+// ---- handlers ----------------------------------------------------------------------
+
+void RRefContext::onForkRequest(const RRefId& rrefId, const ForkId& forkId) { owners_->addFork(rrefId, forkId); }
+
+void RRefContext::onUserDelete(const RRefId& rrefId, const ForkId& forkId) {
+  bool known = false;
+  auto drop = owners_->removeFork(rrefId, forkId, &known);
+  if (!known) {
+    TORCHRPC_DEBUG(workerName(), "USER_DELETE of unknown fork " << forkId.str() << " of RRef " << rrefId.str());
+  }
+  // `drop` may hold the last reference to the value: freed here, unlocked.
+}
+
+namespace {
+
+// Whether freeing `v` needs no GIL and is cheap enough for the I/O thread:
+// TorchScript values (no Python object inside), tensors up to 1 MB.
+bool freesAtOnce(const c10::IValue& v, int depth = 0) {
+  if (depth > 4) return false;
+  if (v.isNone() || v.isInt() || v.isDouble() || v.isBool() || v.isString()) return true;
+  if (v.isTensor()) {
+    const auto& t = v.toTensor();
+    return !t.defined() || !t.has_storage() || t.storage().nbytes() <= (1u << 20);
+  }
+  if (v.isTuple()) {
+    for (const auto& e : v.toTupleRef().elements()) {
+      if (!freesAtOnce(e, depth + 1)) return false;
+    }
+    return true;
+  }
+  if (v.isList()) {
+    for (const auto& e : v.toListRef()) {
+      if (!freesAtOnce(e, depth + 1)) return false;
+    }
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool RRefContext::deleteAtOnce(const Message& request, const Reply& reply) {
+  GlobalId rrefId, forkId;
+  try {
+    parseIds(request, &rrefId, &forkId);
+  } catch (...) {
+    return false;  // the pool's handler reports it
+  }
+  auto owner = owners_->withFork(rrefId, forkId);
+  if (!owner) return false;
+  // A completed value stays what it is: still freeable below.
+  const auto& value = owner->value();
+  if (!value->completed() || value->hasError() || !freesAtOnce(value->constValue())) return false;
+  owner.reset();  // the table's reference is the one that counts
+  onUserDelete(rrefId, forkId);
+  reply(ackMessage(reply.id()));
+  return true;
+}
+
+void RRefContext::onChildAccept(const ForkId& forkId) {
+  users_.releaseChild(forkId).reset();  // may be the last reference: sends USER_DELETE, unlocked
+}
+
+void RRefContext::userReleased(UserRRef& user) {
+  if (!users_.forget(user.forkId())) return;  // stopped: nothing is sent any more
+  if (!user.confirmed() || !user.markDeleted()) return;
+  // Sent from the pool: the last handle often dies in Python, with the GIL
+  // held, and sending may block (connecting, backpressure).
+  sendTrackedLater(user.owner(), idsMessage(MessageType::kRRefUserDelete, user.id(), user.forkId()), "USER_DELETE",
+                   nullptr);
+}
+
+}  // namespace torchrpc::rref
