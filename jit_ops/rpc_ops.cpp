@@ -102,7 +102,9 @@ Agent::FuturePtr namedScriptCall(Agent& agent, const std::string& to, const std:
                                  const c10::IValue& args, const c10::IValue& kwargs, double timeout,
                                  const std::string& callKind) {
   int dst = destinationRank(agent, to, name, callKind);
-  return agent.send(dst, namedCallMessage(name, args, kwargs, callKind), timeout, callKind, name);
+  auto future = agent.send(dst, namedCallMessage(name, args, kwargs, callKind), timeout, callKind, name);
+  if (auto refused = refusedBeforeSending(future)) std::rethrow_exception(refused);
+  return future;
 }
 
 // The library's one TORCH_LIBRARY block (class_ must be defined in it): the

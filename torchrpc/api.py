@@ -487,47 +487,43 @@ def _invoke(call_kind, to, func, args, kwargs, timeout):
             raise again from err
 
 
+def _deliver(call_kind, dst, message, seconds, function, decode, resend=None):
+    """Sends a call message (rpc_sync, rpc_async), or makes it a remote()."""
+    if call_kind == "remote":
+        return _rref.RRef._wrap(_state.rref_ctx.remote(dst.id, message, seconds, function))
+    return _Invocation(_state.agent.send(dst.id, message, seconds, call_kind, function), decode, resend)
+
+
 def _send(call_kind, dst, func, args, kwargs, seconds):
-    agent = _state.agent
-    remote = call_kind == "remote"
+    C = native()
+    args = tuple(args)
     if isinstance(func, str):  # a TorchScript function by the name the callee knows
-        if remote:
-            return _rref.RRef._wrap(_state.rref_ctx.remote_named(dst.id, func, tuple(args), kwargs, seconds))
-        call = agent.named_call(dst.name, func, tuple(args), kwargs, seconds, call_kind)
-        return _Invocation(call, _identity)
+        return _deliver(call_kind, dst, C.named_message(func, args, kwargs, call_kind), seconds, func, _identity)
     if isinstance(func, torch.jit.ScriptFunction):
         name, module = _script_name(func)
-        if remote:
-            return _rref.RRef._wrap(
-                _state.rref_ctx.remote_script(dst.id, name, module, func, tuple(args), kwargs, seconds))
         return _script_call(call_kind, dst, func, name, module, args, kwargs, seconds)
     builtin = _builtin_name(func) if callable(func) else None
     if builtin is not None:
-        if remote:
-            return _rref.RRef._wrap(
-                _state.rref_ctx.remote_builtin(dst.id, builtin, tuple(args), kwargs, seconds))
-        call = agent.builtin_call(dst.id, builtin, tuple(args), kwargs, seconds, call_kind)
-        return _Invocation(call, _identity)
+        message, schema_name = C.builtin_message(builtin, args, kwargs)
+        return _deliver(call_kind, dst, message, seconds, schema_name, _identity)
     if not callable(func):
         raise TypeError(f"{call_kind}(func=...) expects a callable; got {type(func).__name__}")
-    if remote:
-        # Always the whole function: the owner keeps no resend path for remote().
-        payload, tensors, name, forks = python_fallback.encode_call(func, dst.id, args, kwargs, force_full=True,
-                                                                    request=False)
-        with _forks_cancelled_on_error(forks):
-            return _rref.RRef._wrap(_state.rref_ctx.remote_python(dst.id, payload, tensors, seconds, name))
-
     return _python_call(call_kind, dst, func, args, kwargs, seconds)
 
 
 def _script_call(call_kind, dst, func, name, module, args, kwargs, seconds, ship_code=False):
-    # Resent once with the function's code if the callee does not have it
-    # (a plain function, like _python_call, so no cycle keeps the arguments).
-    shipped = shipped_code.with_code(func, dst.id) if ship_code else shipped_code.reference(func, dst.id)
-    call = _state.agent.script_call(dst.id, name, module, func, tuple(args), kwargs, seconds, call_kind, shipped)
-    resend = None if ship_code else functools.partial(
+    # A call is resent once with the function's code if the callee does not
+    # have it (a plain function, like _python_call, so no cycle keeps the
+    # arguments); remote() sends the name only.
+    remote = call_kind == "remote"
+    if remote:
+        shipped = None
+    else:
+        shipped = shipped_code.with_code(func, dst.id) if ship_code else shipped_code.reference(func, dst.id)
+    message = native().script_message(name, module, func, args, kwargs, shipped)
+    resend = None if ship_code or remote else functools.partial(
         _script_call, call_kind, dst, func, name, module, args, kwargs, seconds, True)
-    return _Invocation(call, _identity, resend)
+    return _deliver(call_kind, dst, message, seconds, name, _identity, resend)
 
 
 @contextlib.contextmanager
@@ -544,14 +540,18 @@ def _forks_cancelled_on_error(forks):
 def _python_call(call_kind, dst, func, args, kwargs, seconds, force_full=False):
     # A plain function, not a closure that refers to itself: such a cycle would
     # keep the arguments (tensors, RRefs) alive until the garbage collector ran.
-    payload, tensors, name, forks = python_fallback.encode_call(func, dst.id, args, kwargs, force_full)
-    with _forks_cancelled_on_error(forks):
-        call = _state.agent.python_call(dst.id, payload, tensors, seconds, call_kind, name)
-    if forks:  # RRefs sent to their owner: released when it answers
-        _state.rref_ctx.release_when_answered(call, forks)
-    resend = None if force_full else functools.partial(
+    # remote() always sends the whole function: the owner keeps no resend path.
+    remote = call_kind == "remote"
+    payload, tensors, name, forks = python_fallback.encode_call(func, dst.id, args, kwargs, force_full or remote,
+                                                                request=not remote)
+    resend = None if force_full or remote else functools.partial(
         _python_call, call_kind, dst, func, args, kwargs, seconds, True)
-    return _Invocation(call, python_fallback.decode_result, resend)
+    with _forks_cancelled_on_error(forks):
+        sent = _deliver(call_kind, dst, native().python_message(payload, tensors), seconds, name,
+                        python_fallback.decode_result, resend)
+    if forks and not remote:  # RRefs sent to their owner: released when it answers
+        _state.rref_ctx.release_when_answered(sent.call, forks)
+    return sent
 
 
 def _method_call(call_kind, rref, name, args, kwargs, timeout):

@@ -55,13 +55,14 @@ class ShutdownError(RpcError):
 
 
 # Kinds reported by the native core (csrc/common/error.h, ErrorKind).
-_KIND_GENERIC, _KIND_TIMEOUT, _KIND_PEER, _KIND_REMOTE, _KIND_SHUTDOWN = range(5)
+_KIND_GENERIC, _KIND_TIMEOUT, _KIND_PEER, _KIND_REMOTE, _KIND_SHUTDOWN, _KIND_INVALID = range(6)
 
 _BY_KIND = {
     _KIND_GENERIC: RpcError,
     _KIND_TIMEOUT: RpcTimeoutError,
     _KIND_PEER: PeerUnreachableError,
     _KIND_SHUTDOWN: ShutdownError,
+    _KIND_INVALID: ValueError,  # refused before anything was sent: the caller's mistake
 }
 
 

@@ -150,33 +150,33 @@ void Agent::adopt(const std::shared_ptr<Connection>& conn) {
       });
 }
 
-std::shared_ptr<Connection> Agent::connectionTo(int dst, double timeoutSeconds, std::string* error) {
+Fallible<std::shared_ptr<Connection>> Agent::connectionTo(int dst, double timeoutSeconds) {
   PeerState& state = *peerStates_[dst];
   {
     std::lock_guard<std::mutex> lock(state.mutex);
-    if (state.conn && !state.conn->closed()) return state.conn;
+    if (state.conn && !state.conn->closed()) return {state.conn, Error()};
   }
   std::lock_guard<std::mutex> connecting(state.connectMutex);
   {
     std::lock_guard<std::mutex> lock(state.mutex);
-    if (state.conn && !state.conn->closed()) return state.conn;
+    if (state.conn && !state.conn->closed()) return {state.conn, Error()};
   }
   const PeerInfo& p = peers_[dst];
   bool local = !p.hostId.empty() && p.hostId == options_.hostId;
   const std::string& address = local ? p.unixAddress : p.tcpAddress;
   double connectTimeout = timeoutSeconds > 0 ? std::min(timeoutSeconds, 30.0) : 30.0;
-  int fd = connectTo(address, connectTimeout, error);
-  if (fd < 0) return nullptr;
-  auto conn = std::make_shared<Connection>(*loop_, fd, "connection to " + p.name + " (" + address + ")",
+  auto fd = connectTo(address, connectTimeout);
+  if (fd.error) return {nullptr, fd.error};
+  auto conn = std::make_shared<Connection>(*loop_, fd.value, "connection to " + p.name + " (" + address + ")",
                                            options_.name);
   conn->setPeerRank(dst);
   adopt(conn);
   Message hello = ivalueMessage(MessageType::kHello, 0,
                                 c10::ivalue::Tuple::create({static_cast<int64_t>(options_.rank), options_.name}));
-  if (!conn->send(std::move(hello), deadlineAfter(connectTimeout), error)) return nullptr;
+  if (Error err = conn->send(std::move(hello), deadlineAfter(connectTimeout))) return {nullptr, err};
   std::lock_guard<std::mutex> lock(state.mutex);
   state.conn = conn;
-  return conn;
+  return {conn, Error()};
 }
 
 Agent::FuturePtr Agent::send(int dst, Message&& request, double timeoutSeconds,
@@ -186,13 +186,21 @@ Agent::FuturePtr Agent::send(int dst, Message&& request, double timeoutSeconds,
   request.id = id;
   std::string description = callKind + " #" + std::to_string(id) + " " + options_.name + " -> " +
                             peerLabel(dst) + " '" + function + "'";
-  if (shuttingDown_.load()) {
-    future->setError(makeRpcError(ErrorKind::kShutdown,
-                                  description + ": torchrpc is shutting down on " + options_.name));
+  auto fail = [&](ErrorKind kind, const std::string& why) {
+    future->setError(makeRpcError(kind, description + ": " + why));
     return future;
+  };
+  if (shuttingDown_.load()) return fail(ErrorKind::kShutdown, "torchrpc is shutting down on " + options_.name);
+  if (dst < 0 || dst >= static_cast<int>(peers_.size())) {
+    return fail(ErrorKind::kInvalidArgument, "no worker with rank " + std::to_string(dst));
   }
-  TORCH_CHECK(dst >= 0 && dst < static_cast<int>(peers_.size()), "no worker with rank ", dst);
-  if (interceptor_) interceptor_->outgoingRequest(request, dst);
+  if (interceptor_) {
+    try {
+      interceptor_->outgoingRequest(request, dst);
+    } catch (...) {
+      return fail(ErrorKind::kInvalidArgument, errorParts(std::current_exception()).message);
+    }
+  }
   Pending::Call call{future, dst, 0, description, timeoutSeconds, std::chrono::steady_clock::now(),
                      deadlineAfter(timeoutSeconds)};
   if (dst == options_.rank) {
@@ -204,31 +212,28 @@ Agent::FuturePtr Agent::send(int dst, Message&& request, double timeoutSeconds,
     });
     return future;
   }
-  std::string error;
-  auto conn = connectionTo(dst, timeoutSeconds, &error);
-  if (!conn) {
-    future->setError(makeRpcError(ErrorKind::kPeerUnreachable,
-                                  description + ": cannot connect: " + error + ". Is " +
-                                      peers_[dst].name + " still running? Check its log."));
-    return future;
+  auto conn = connectionTo(dst, timeoutSeconds);
+  if (conn.error) {
+    return fail(ErrorKind::kPeerUnreachable, "cannot connect: " + conn.error.what() + ". Is " + peers_[dst].name +
+                                                 " still running? Check its log.");
   }
-  call.connectionId = conn->id();
+  call.connectionId = conn.value->id();
   auto deadline = call.deadline;
   pending_.add(id, std::move(call));
-  bool sent;
-  try {
-    sent = conn->send(std::move(request), deadline, &error);
-  } catch (...) {
-    pending_.take(id);  // e.g. an unsupported tensor: the caller gets the error
-    throw;
-  }
-  if (!sent) {
+  if (Error err = conn.value->send(std::move(request), deadline)) {
+    // A message the wire refuses (e.g. an unsupported tensor) is the caller's mistake.
+    ErrorKind kind = err.code() == Error::Code::kInvalid ? ErrorKind::kInvalidArgument : ErrorKind::kPeerUnreachable;
     if (auto failed = pending_.take(id)) {
-      failed->future->setErrorIfNeeded(
-          makeRpcError(ErrorKind::kPeerUnreachable, description + ": " + error));
+      failed->future->setErrorIfNeeded(makeRpcError(kind, description + ": " + err.what()));
     }
   }
   return future;
+}
+
+std::exception_ptr refusedBeforeSending(const Agent::FuturePtr& future) {
+  if (!future->completed() || !future->hasError()) return nullptr;
+  auto error = future->exception_ptr();
+  return errorParts(error).kind == ErrorKind::kInvalidArgument ? error : nullptr;
 }
 
 bool Agent::sendsAtOnce(int dst, uint64_t bytes) const {
@@ -332,14 +337,23 @@ void Agent::serve(Message&& request, int callerRank, Reply reply, const std::sha
 }
 
 void Agent::respondOn(const std::shared_ptr<Connection>& conn, Message&& response) {
-  uint64_t id = response.id;
-  std::string error;
+  const uint64_t id = response.id;
   CoreSpread::leave();  // this pool task has done its work: see core_spread.h
-  if (!conn->send(std::move(response), deadlineAfter(kResponseSendTimeoutSeconds), &error)) {
-    TORCHRPC_WARN(options_.name, "cannot send the response to request #"
-                                     << id << " from " << peerLabel(conn->peerRank()) << ": "
-                                     << error);
+  Error err = conn->send(std::move(response), deadlineAfter(kResponseSendTimeoutSeconds));
+  if (err && err.code() == Error::Code::kInvalid) {
+    // The result cannot travel (a tensor the wire refuses): the caller gets why.
+    err = conn->send(exceptionMessage(id, RemoteException{"ValueError",
+                                                          "the result of request #" + std::to_string(id) +
+                                                              " cannot be sent: " + err.what(),
+                                                          "", "<sending the result>", options_.name}),
+                     deadlineAfter(kResponseSendTimeoutSeconds));
   }
+  if (!err || err.code() == Error::Code::kClosed) return;  // a closed connection failed the caller's call
+  // The caller would wait out its timeout for this response: close the
+  // connection instead, which fails its pending calls at once, saying why.
+  TORCHRPC_WARN(options_.name, "closing " << conn->description() << ": cannot send the response to request #" << id
+                                          << ": " << err.what());
+  conn->close("the response to request #" + std::to_string(id) + " could not be sent: " + err.what());
 }
 
 void Agent::onHelloFromLoop(const std::shared_ptr<Connection>& conn, Message&& m) {
@@ -455,10 +469,10 @@ void Agent::shutdown() {
     for (auto& kv : connections_) conns.push_back(kv.second);
   }
   for (auto& conn : conns) {
-    std::string ignored;
     Message bye;
     bye.type = MessageType::kGoodbye;
-    conn->send(std::move(bye), deadlineAfter(kGoodbyeTimeoutSeconds), &ignored);
+    // Best effort: the connection closes next either way.
+    (void)conn->send(std::move(bye), deadlineAfter(kGoodbyeTimeoutSeconds));
     conn->close("torchrpc shut down on " + options_.name);
   }
   pending_.failAll(ErrorKind::kShutdown,

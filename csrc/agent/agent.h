@@ -31,6 +31,7 @@
 #include "agent/interceptor.h"
 #include "agent/pending.h"
 #include "agent/thread_pool.h"
+#include "common/error.h"
 #include "message/message.h"
 #include "message/reply.h"
 #include "script_dispatch/registry.h"
@@ -93,7 +94,9 @@ class Agent {
   // value: SCRIPT_RET's IValue, or for PYTHON_RET a tuple (payload as a uint8
   // tensor, list of tensors); or fails with an RpcError. callKind and function
   // name the call in errors: "rpc_sync #7 worker0 -> worker1 (addr) 'f'".
-  // timeoutSeconds <= 0 means no deadline.
+  // timeoutSeconds <= 0 means no deadline. Never throws: a request refused
+  // before anything was sent (a bad rank, a tensor the wire refuses) fails
+  // the future at once with kInvalidArgument (see refusedBeforeSending).
   FuturePtr send(int dst, Message&& request, double timeoutSeconds, const std::string& callKind,
                  const std::string& function);
   // Whether send(dst, ...) of `bytes` would return without waiting: connected
@@ -133,7 +136,7 @@ class Agent {
     std::shared_ptr<Connection> conn;  // used for sending requests
   };
 
-  std::shared_ptr<Connection> connectionTo(int dst, double timeoutSeconds, std::string* error);
+  Fallible<std::shared_ptr<Connection>> connectionTo(int dst, double timeoutSeconds);
   void adopt(const std::shared_ptr<Connection>& conn);
   void onMessageFromLoop(const std::shared_ptr<Connection>& conn, Message&& m);
   void onCloseFromLoop(const std::shared_ptr<Connection>& conn, const std::string& reason);
@@ -166,5 +169,9 @@ class Agent {
   std::atomic<bool> shuttingDown_{false};
   std::atomic<bool> stopped_{false};
 };
+
+// The error of a future that Agent::send failed before sending anything (a
+// caller's mistake, for its caller to raise at once), or null.
+std::exception_ptr refusedBeforeSending(const Agent::FuturePtr& future);
 
 }  // namespace torchrpc

@@ -19,6 +19,7 @@ enum class ErrorKind : int {
   kPeerUnreachable = 2,  // the connection to the peer failed or closed
   kRemote = 3,           // the callee raised; remoteType/remoteTraceback are set
   kShutdown = 4,         // the local agent shut down before the call completed
+  kInvalidArgument = 5,  // the call was refused before anything was sent (ValueError)
 };
 
 class RpcError : public c10::Error {
@@ -52,6 +53,37 @@ struct ErrorParts {
   std::string remoteTraceback;
 };
 ErrorParts errorParts(const std::exception_ptr& error);
+
+// A failure as a value; empty (false) on success. The transport reports its
+// errors this way and never throws.
+class Error {
+ public:
+  enum class Code {
+    kNone,
+    kInvalid,  // the message cannot be sent at all (e.g. a tensor the wire refuses)
+    kClosed,   // the connection is closed
+    kTimeout,  // the deadline passed
+    kIo,       // the operating system refused (connect, read, write)
+  };
+
+  Error() = default;
+  Error(Code code, std::string what) : code_(code), what_(std::move(what)) {}
+
+  explicit operator bool() const { return code_ != Code::kNone; }
+  Code code() const { return code_; }
+  const std::string& what() const { return what_; }
+
+ private:
+  Code code_{Code::kNone};
+  std::string what_;
+};
+
+// A value, or the error that prevented it.
+template <typename T>
+struct Fallible {
+  T value{};
+  Error error;
+};
 
 // errno as text, for transport errors: "connect: Connection refused (errno 111)".
 std::string errnoMessage(const char* what, int err);

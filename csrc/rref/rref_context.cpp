@@ -114,22 +114,21 @@ std::shared_ptr<RRef> RRefContext::remote(int dst, Message&& call, double timeou
   }
   users_.add(user, /*pending=*/true);
   std::weak_ptr<UserRRef> weakUser = user;
-  try {
-    sendTracked(dst, remoteCallMessage(rrefId, forkId, std::move(call)), timeoutSeconds, "remote", function,
-                [self = shared_from_this(), forkId, weakUser](std::exception_ptr error) {
-                  if (error) {
-                    // The owner may never have seen the call; to_here reports this.
-                    if (auto u = weakUser.lock()) {
-                      auto parts = errorParts(error);
-                      u->setCreationError(static_cast<int>(parts.kind), parts.message);
-                    }
-                  }
-                  self->confirmUser(forkId, error, -1);
-                });
-  } catch (...) {
+  auto sent = sendTracked(dst, remoteCallMessage(rrefId, forkId, std::move(call)), timeoutSeconds, "remote",
+                          function, [self = shared_from_this(), forkId, weakUser](std::exception_ptr error) {
+                            if (error) {
+                              // The owner may never have seen the call; to_here reports this.
+                              if (auto u = weakUser.lock()) {
+                                auto parts = errorParts(error);
+                                u->setCreationError(static_cast<int>(parts.kind), parts.message);
+                              }
+                            }
+                            self->confirmUser(forkId, error, -1);
+                          });
+  if (auto refused = refusedBeforeSending(sent)) {
     users_.remove(forkId);
     user->markDeleted();  // the owner never heard of it: nothing to delete
-    throw;
+    std::rethrow_exception(refused);
   }
   return user;
 }
@@ -258,8 +257,9 @@ void RRefContext::confirmUser(const ForkId& forkId, std::exception_ptr error, in
 
 // ---- sending -------------------------------------------------------------------------
 
-void RRefContext::sendTracked(int dst, Message&& m, double timeoutSeconds, const std::string& callKind,
-                              const std::string& what, std::function<void(std::exception_ptr)> then) {
+RRefContext::FuturePtr RRefContext::sendTracked(int dst, Message&& m, double timeoutSeconds,
+                                                const std::string& callKind, const std::string& what,
+                                                std::function<void(std::exception_ptr)> then) {
   auto token = inFlight_.begin();
   auto future = agent_->send(dst, std::move(m), timeoutSeconds, callKind, what);
   std::weak_ptr<RRefContext> weak = shared_from_this();
@@ -281,25 +281,14 @@ void RRefContext::sendTracked(int dst, Message&& m, double timeoutSeconds, const
       self->agent_->pool().run(std::move(task));
     }
   });
+  return future;
 }
 
 void RRefContext::sendTrackedLater(int dst, Message&& m, const std::string& what,
                                    std::function<void(std::exception_ptr)> then) {
   auto token = inFlight_.begin();  // counted from now, so waitIdle() cannot miss it
   agent_->pool().run([self = shared_from_this(), token, dst, m = std::move(m), what, then]() mutable {
-    try {
-      self->sendTracked(dst, std::move(m), kProtocolTimeoutSeconds, "rref", what, then);
-    } catch (...) {
-      auto error = std::current_exception();
-      TORCHRPC_WARN(self->workerName(),
-                    "cannot send " << what << " to " << self->workerLabel(dst) << ": " << errorParts(error).message);
-      if (!then) return;
-      try {
-        then(error);
-      } catch (const std::exception& e) {
-        TORCHRPC_WARN(self->workerName(), "RRef protocol step after a failed " << what << " failed: " << e.what());
-      }
-    }
+    self->sendTracked(dst, std::move(m), kProtocolTimeoutSeconds, "rref", what, then);
   });
 }
 
@@ -308,12 +297,9 @@ void RRefContext::sendTrackedLater(int dst, Message&& m, const std::string& what
 void RRefContext::releaseAllUsers() {
   for (auto& u : users_.live()) {
     if (!u->confirmed() || !u->markDeleted()) continue;
-    try {
-      sendTracked(u->owner(), idsMessage(MessageType::kRRefUserDelete, u->id(), u->forkId()),
-                  kProtocolTimeoutSeconds, "rref", "USER_DELETE", nullptr);
-    } catch (const std::exception& e) {
-      TORCHRPC_WARN(workerName(), "cannot send USER_DELETE of RRef " << u->id().str() << ": " << e.what());
-    }
+    // An owner that is gone fails it; nothing is left to release there.
+    sendTracked(u->owner(), idsMessage(MessageType::kRRefUserDelete, u->id(), u->forkId()), kProtocolTimeoutSeconds,
+                "rref", "USER_DELETE", nullptr);
   }
 }
 

@@ -180,10 +180,9 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   Message encodeValue(uint64_t id, const c10::IValue& value);
   // Sends a protocol request, counted in flight until it is answered and
   // `then` (if any) ran on the pool with the outcome.
-  void sendTracked(int dst, Message&& m, double timeoutSeconds, const std::string& callKind,
-                   const std::string& what, std::function<void(std::exception_ptr)> then);
-  // sendTracked() from a pool thread, counted in flight from now; `then`
-  // also gets a synchronous send failure. Never throws.
+  FuturePtr sendTracked(int dst, Message&& m, double timeoutSeconds, const std::string& callKind,
+                        const std::string& what, std::function<void(std::exception_ptr)> then);
+  // sendTracked() from a pool thread, counted in flight from now.
   void sendTrackedLater(int dst, Message&& m, const std::string& what,
                         std::function<void(std::exception_ptr)> then);
   // The owner acknowledged (or failed to) fork `forkId`: confirm the pending

@@ -66,37 +66,37 @@ void Connection::start(OnMessage onMessage, OnClose onClose) {
 }
 
 void Connection::sendControl(MessageType type, std::string payload) {
-  std::string error;
   Message m{type, 0, std::move(payload), {}};
   // A closed connection has nothing left to agree on: the error needs no report.
-  (void)send(std::move(m), std::chrono::steady_clock::time_point::max(), &error);
+  (void)send(std::move(m), std::chrono::steady_clock::time_point::max());
 }
 
-std::string Connection::onLendFrame(const Message& m) {
+Error Connection::onLendFrame(const Message& m) {
   // Only a connection that offered (a Unix socket, lending on) takes part:
   // on TCP, whatever the peer sends, nothing is read from any process here.
   if (m.type == MessageType::kLendOffer) {
-    if (!offered_) return "";
-    std::string why;
-    int pid = same_host::verify(m.payload, &why);
-    if (pid < 0) {
-      TORCHRPC_DEBUG(workerName_, "tensors from " << description_ << " travel through the socket: " << why);
-      return "";
+    if (!offered_) return Error();
+    auto pid = same_host::verify(m.payload);
+    if (pid.error) {
+      TORCHRPC_DEBUG(workerName_, "tensors from " << description_ << " travel through the socket: "
+                                                  << pid.error.what());
+      return Error();
     }
-    peerPid_ = pid;
+    peerPid_ = pid.value;
     sendControl(MessageType::kLendAccept, "");
   } else if (m.type == MessageType::kLendAccept) {
     if (offered_) lendFrom_.store(same_host::kMinBytes);
   } else {  // kLendRelease: how many of the oldest lent frames the peer copied
     uint64_t frames = 0;
     if (m.payload.size() != sizeof(frames)) {
-      return "malformed frame: LEND_RELEASE payload of " + std::to_string(m.payload.size()) + " bytes";
+      return Error(Error::Code::kInvalid,
+                   "malformed frame: LEND_RELEASE payload of " + std::to_string(m.payload.size()) + " bytes");
     }
     std::memcpy(&frames, m.payload.data(), sizeof(frames));
     std::lock_guard<std::mutex> lock(mutex_);
     if (frames > lent_.size()) {
-      return "malformed frame: LEND_RELEASE of " + std::to_string(frames) + " frames; " +
-             std::to_string(lent_.size()) + " were lent";
+      return Error(Error::Code::kInvalid, "malformed frame: LEND_RELEASE of " + std::to_string(frames) +
+                                              " frames; " + std::to_string(lent_.size()) + " were lent");
     }
     for (; frames > 0; --frames) {
       for (const auto& t : lent_.front()) lentBytes_ -= t.nbytes();
@@ -104,19 +104,18 @@ std::string Connection::onLendFrame(const Message& m) {
     }
     drained_.notify_all();
   }
-  return "";
+  return Error();
 }
 
-std::string Connection::copyLent(ReceivedFrame& frame) {
-  if (peerPid_ < 0) {
-    return "the peer lent a tensor without a verified same-host offer";
-  }
+Error Connection::copyLent(ReceivedFrame& frame) {
+  if (peerPid_ < 0) return Error(Error::Code::kInvalid, "the peer lent a tensor without a verified same-host offer");
   for (const LentTensor& l : frame.lent) {
     at::Tensor& t = frame.message.tensors[l.index];
-    std::string err = same_host::copy(peerPid_, l.address, t.data_ptr(), t.nbytes());
-    if (!err.empty()) return "could not copy lent tensor #" + std::to_string(l.index) + ": " + err;
+    if (Error err = same_host::copy(peerPid_, l.address, t.data_ptr(), t.nbytes())) {
+      return Error(err.code(), "could not copy lent tensor #" + std::to_string(l.index) + ": " + err.what());
+    }
   }
-  return "";
+  return Error();
 }
 
 bool Connection::closed() const {
@@ -137,7 +136,7 @@ void Connection::updateInterestLocked() {
   }
 }
 
-std::string Connection::flushLocked() {
+Error Connection::flushLocked() {
   while (!queue_.empty()) {
     Pending& p = queue_.front();
     struct iovec iov[kMaxIov];
@@ -148,8 +147,8 @@ std::string Connection::flushLocked() {
     ssize_t w = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
     if (w < 0) {
       if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return "";
-      return errnoMessage("send", errno);
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return Error();
+      return Error(Error::Code::kIo, errnoMessage("send", errno));
     }
     p.written += static_cast<uint64_t>(w);
     queuedBytes_ -= static_cast<uint64_t>(w);
@@ -157,49 +156,46 @@ std::string Connection::flushLocked() {
       queue_.pop_front();
     }
   }
-  return "";
+  return Error();
 }
 
-bool Connection::send(Message&& message, std::chrono::steady_clock::time_point deadline,
-                      std::string* error) {
+Error Connection::send(Message&& message, std::chrono::steady_clock::time_point deadline) {
   Pending p;
-  p.frame = encodeFrame(std::move(message), lendFrom_.load());
+  try {
+    p.frame = encodeFrame(std::move(message), lendFrom_.load());
+  } catch (const c10::Error& e) {
+    return Error(Error::Code::kInvalid, e.what_without_backtrace());
+  }
   p.total = p.frame.totalBytes();
-  std::string writeError;
+  Error writeError;
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (closed_) {
-      *error = "connection " + description_ + " is closed (" + closeReason_ + ")";
-      return false;
-    }
+    if (closed_) return Error(Error::Code::kClosed, "connection " + description_ + " is closed (" + closeReason_ + ")");
     queuedBytes_ += p.total;
     if (!p.frame.lent.empty()) {  // before the frame is written: the peer releases it after
       for (const auto& t : p.frame.lent) lentBytes_ += t.nbytes();
       lent_.push_back(std::move(p.frame.lent));
     }
     queue_.push_back(std::move(p));
-    if (queue_.size() == 1) {
-      writeError = flushLocked();
-    }
-    if (writeError.empty()) {
+    if (queue_.size() == 1) writeError = flushLocked();
+    if (!writeError) {
       updateInterestLocked();
       if (!loop_.inLoop()) {
         while (queuedBytes_ + lentBytes_ > kMaxQueuedBytes && !closed_) {
           if (drained_.wait_until(lock, deadline) == std::cv_status::timeout) {
-            *error = "the peer did not read " + std::to_string(queuedBytes_) + " queued and " +
-                     std::to_string(lentBytes_) + " lent bytes on " + description_ + " before the deadline";
-            return false;
+            return Error(Error::Code::kTimeout, "the peer did not read " + std::to_string(queuedBytes_) +
+                                                    " queued and " + std::to_string(lentBytes_) + " lent bytes on " +
+                                                    description_ + " before the deadline");
           }
         }
       }
     }
   }
-  if (!writeError.empty()) {
-    close(writeError);
-    *error = writeError + " on " + description_;
-    return false;
+  if (writeError) {
+    close(writeError.what());
+    return Error(writeError.code(), writeError.what() + " on " + description_);
   }
-  return true;
+  return Error();
 }
 
 void Connection::close(const std::string& reason) {
@@ -240,15 +236,15 @@ void Connection::closeFromLoop(const std::string& reason) {
 void Connection::handleEventsFromLoop(uint32_t events) {
   if (closeFired_) return;
   if (events & EPOLLOUT) {
-    std::string err;
+    Error err;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       err = flushLocked();
       if (queuedBytes_ <= kMaxQueuedBytes) drained_.notify_all();
       updateInterestLocked();
     }
-    if (!err.empty()) {
-      closeFromLoop(err);
+    if (err) {
+      closeFromLoop(err.what());
       return;
     }
   }
@@ -301,15 +297,15 @@ void Connection::readFromLoop() {
   uint64_t copiedFrames = 0;
   for (ReceivedFrame& f : reader_.takeFrames()) {
     const bool control = lendFrame(f.message.type);
-    std::string err;
+    Error err;
     if (control) {
       err = onLendFrame(f.message);
     } else if (!f.lent.empty()) {
       err = copyLent(f);
-      if (err.empty()) ++copiedFrames;
+      if (!err) ++copiedFrames;
     }
-    if (!err.empty()) {
-      closeReason = err;
+    if (err) {
+      closeReason = err.what();
       TORCHRPC_WARN(workerName_, "closing " << description_ << ": " << closeReason);
       break;
     }

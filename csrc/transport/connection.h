@@ -27,6 +27,7 @@
 #include <mutex>
 #include <string>
 
+#include "common/error.h"
 #include "message/wire.h"
 #include "transport/loop.h"
 
@@ -45,11 +46,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Registers with the loop; callbacks may fire from then on.
   void start(OnMessage onMessage, OnClose onClose);
 
-  // Queues a message (encoding it here, on the caller's thread). Returns false
-  // with *error set if the connection is closed or the deadline passed while
-  // waiting for the peer to drain the queue.
-  bool send(Message&& message, std::chrono::steady_clock::time_point deadline,
-            std::string* error);
+  // Queues a message (encoding it here, on the caller's thread). Returns the
+  // error if it cannot be encoded (kInvalid), the connection is closed, or
+  // the deadline passed while waiting for the peer to drain the queue.
+  Error send(Message&& message, std::chrono::steady_clock::time_point deadline);
 
   // Closes from any thread; onClose runs on the loop with this reason.
   void close(const std::string& reason);
@@ -74,17 +74,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void handleEventsFromLoop(uint32_t events);
   void readFromLoop();
   void closeFromLoop(const std::string& reason);
-  // Writes as much of the queue as the socket takes. mutex_ held. Returns an
-  // error text on a fatal write error, empty otherwise.
-  std::string flushLocked();
+  // Writes as much of the queue as the socket takes. mutex_ held. Returns the
+  // error of a fatal write.
+  Error flushLocked();
   void updateInterestLocked();
   // A connection control frame, from the loop or at start (never waits).
   void sendControl(MessageType type, std::string payload);
-  // LEND_OFFER / LEND_ACCEPT / LEND_RELEASE from the peer; "" or why the
-  // connection must close. Loop thread.
-  std::string onLendFrame(const Message& m);
-  // Copies a frame's lent tensors from the peer; "" or the error. Loop thread.
-  std::string copyLent(ReceivedFrame& frame);
+  // LEND_OFFER / LEND_ACCEPT / LEND_RELEASE from the peer; the error for
+  // which the connection must close, if any. Loop thread.
+  Error onLendFrame(const Message& m);
+  // Copies a frame's lent tensors from the peer. Loop thread.
+  Error copyLent(ReceivedFrame& frame);
 
   Loop& loop_;
   const int fd_;

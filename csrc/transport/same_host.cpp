@@ -37,7 +37,7 @@ const std::array<uint64_t, 2>& secret() {
 
 std::atomic<uint64_t> copied{0};
 
-std::string readMemory(int pid, uint64_t address, void* dst, uint64_t nbytes) {
+Error readMemory(int pid, uint64_t address, void* dst, uint64_t nbytes) {
   uint64_t done = 0;
   while (done < nbytes) {
     iovec local{static_cast<char*>(dst) + done, nbytes - done};
@@ -46,12 +46,12 @@ std::string readMemory(int pid, uint64_t address, void* dst, uint64_t nbytes) {
     if (n < 0) {
       int err = errno;
       if (err == EINTR) continue;
-      return errnoMessage(("process_vm_readv from pid " + std::to_string(pid)).c_str(), err);
+      return Error(Error::Code::kIo, errnoMessage(("process_vm_readv from pid " + std::to_string(pid)).c_str(), err));
     }
-    if (n == 0) return "process_vm_readv from pid " + std::to_string(pid) + " copied nothing";
+    if (n == 0) return Error(Error::Code::kIo, "process_vm_readv from pid " + std::to_string(pid) + " copied nothing");
     done += static_cast<uint64_t>(n);
   }
-  return "";
+  return Error();
 }
 
 }  // namespace
@@ -69,33 +69,23 @@ std::string offer() {
   return std::string(reinterpret_cast<const char*>(&o), sizeof(o));
 }
 
-int verify(const std::string& payload, std::string* why) {
-  if (payload.size() != sizeof(Offer)) {
-    *why = "malformed offer (" + std::to_string(payload.size()) + " bytes)";
-    return -1;
-  }
+Fallible<int> verify(const std::string& payload) {
+  auto refused = [](std::string why) { return Fallible<int>{-1, Error(Error::Code::kInvalid, std::move(why))}; };
+  if (payload.size() != sizeof(Offer)) return refused("malformed offer (" + std::to_string(payload.size()) + " bytes)");
   Offer o;
   std::memcpy(&o, payload.data(), sizeof(o));
-  if (o.pid <= 0 || o.pid > INT32_MAX) {
-    *why = "offer names pid " + std::to_string(o.pid);
-    return -1;
-  }
+  if (o.pid <= 0 || o.pid > INT32_MAX) return refused("offer names pid " + std::to_string(o.pid));
   std::array<uint64_t, 2> seen{};
-  std::string err = readMemory(static_cast<int>(o.pid), o.address, seen.data(), sizeof(seen));
-  if (!err.empty()) {
-    *why = err;
-    return -1;
-  }
+  if (Error err = readMemory(static_cast<int>(o.pid), o.address, seen.data(), sizeof(seen))) return {-1, err};
   if (seen != o.secret) {
-    *why = "pid " + std::to_string(o.pid) + " is another process here (a different pid namespace)";
-    return -1;
+    return refused("pid " + std::to_string(o.pid) + " is another process here (a different pid namespace)");
   }
-  return static_cast<int>(o.pid);
+  return {static_cast<int>(o.pid), Error()};
 }
 
-std::string copy(int pid, uint64_t address, void* dst, uint64_t nbytes) {
-  std::string err = readMemory(pid, address, dst, nbytes);
-  if (err.empty()) copied.fetch_add(nbytes, std::memory_order_relaxed);
+Error copy(int pid, uint64_t address, void* dst, uint64_t nbytes) {
+  Error err = readMemory(pid, address, dst, nbytes);
+  if (!err) copied.fetch_add(nbytes, std::memory_order_relaxed);
   return err;
 }
 

@@ -28,6 +28,8 @@
 #include <cstdint>
 #include <string>
 
+#include "common/error.h"
+
 namespace torchrpc::same_host {
 
 // Tensors of at least this many bytes are lent; below it the release message
@@ -44,12 +46,12 @@ bool enabled();
 std::string offer();
 
 // Checks a peer's LEND_OFFER by reading its secret from its memory. Returns
-// the peer's pid, or -1 with *why set.
-int verify(const std::string& offerPayload, std::string* why);
+// the peer's pid, or why not.
+Fallible<int> verify(const std::string& offerPayload);
 
-// Copies nbytes at `address` in process `pid` to dst. Returns "" or the
-// error (the peer exited, the address is not readable).
-std::string copy(int pid, uint64_t address, void* dst, uint64_t nbytes);
+// Copies nbytes at `address` in process `pid` to dst. Returns the error (the
+// peer exited, the address is not readable), if any.
+Error copy(int pid, uint64_t address, void* dst, uint64_t nbytes);
 
 // Bytes this process copied from its peers' memory (for tests and debugging).
 uint64_t copiedBytes();

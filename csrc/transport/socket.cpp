@@ -149,13 +149,16 @@ void configureConnectedSocket(int fd) {
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
 }
 
-int connectTo(const std::string& address, double timeoutSeconds, std::string* error) {
+Fallible<int> connectTo(const std::string& address, double timeoutSeconds) {
+  auto failed = [](std::string what, int fd = -1) {
+    if (fd >= 0) ::close(fd);
+    return Fallible<int>{-1, Error(Error::Code::kIo, std::move(what))};
+  };
   SocketAddress a;
   try {
     a = parseAddress(address);
   } catch (const c10::Error& e) {
-    *error = e.what_without_backtrace();
-    return -1;
+    return failed(e.what_without_backtrace());
   }
   sockaddr_storage ss{};
   socklen_t len = 0;
@@ -170,8 +173,7 @@ int connectTo(const std::string& address, double timeoutSeconds, std::string* er
     addrinfo* res = nullptr;
     int rc = getaddrinfo(a.host.c_str(), std::to_string(a.port).c_str(), &hints, &res);
     if (rc != 0 || res == nullptr) {
-      *error = std::string("cannot resolve '") + a.host + "': " + gai_strerror(rc);
-      return -1;
+      return failed(std::string("cannot resolve '") + a.host + "': " + gai_strerror(rc));
     }
     family = res->ai_family;
     std::memcpy(&ss, res->ai_addr, res->ai_addrlen);
@@ -180,14 +182,11 @@ int connectTo(const std::string& address, double timeoutSeconds, std::string* er
   }
   int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
-    *error = errnoMessage("socket", errno);
-    return -1;
+    return failed(errnoMessage("socket", errno));
   }
   int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&ss), len);
   if (rc != 0 && errno != EINPROGRESS && errno != EAGAIN) {
-    *error = errnoMessage("connect", errno);
-    ::close(fd);
-    return -1;
+    return failed(errnoMessage("connect", errno), fd);
   }
   if (rc != 0) {
     auto deadline = std::chrono::steady_clock::now() +
@@ -196,9 +195,7 @@ int connectTo(const std::string& address, double timeoutSeconds, std::string* er
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
                       deadline - std::chrono::steady_clock::now()).count();
       if (left <= 0) {
-        *error = "connect: timed out";
-        ::close(fd);
-        return -1;
+        return failed("connect: timed out", fd);
       }
       pollfd p{fd, POLLOUT, 0};
       int n = ::poll(&p, 1, static_cast<int>(std::min<long>(left, 1 << 30)));
@@ -209,13 +206,11 @@ int connectTo(const std::string& address, double timeoutSeconds, std::string* er
     socklen_t l = sizeof(soErr);
     getsockopt(fd, SOL_SOCKET, SO_ERROR, &soErr, &l);
     if (soErr != 0) {
-      *error = errnoMessage("connect", soErr);
-      ::close(fd);
-      return -1;
+      return failed(errnoMessage("connect", soErr), fd);
     }
   }
   configureConnectedSocket(fd);
-  return fd;
+  return {fd, Error()};
 }
 
 }  // namespace torchrpc

@@ -8,6 +8,8 @@
 
 #include <string>
 
+#include "common/error.h"
+
 namespace torchrpc {
 
 struct SocketAddress {
@@ -24,8 +26,8 @@ SocketAddress parseAddress(const std::string& address);
 int listenTcp(const std::string& host, int port, std::string* boundAddress);
 int listenUnix(const std::string& abstractName, std::string* boundAddress);
 
-// Connects with a deadline; returns a non-blocking fd or -1 with *error set.
-int connectTo(const std::string& address, double timeoutSeconds, std::string* error);
+// Connects with a deadline; returns a non-blocking fd, or the error.
+Fallible<int> connectTo(const std::string& address, double timeoutSeconds);
 
 // Applies the per-connection options: non-blocking, TCP_NODELAY on TCP.
 void configureConnectedSocket(int fd);

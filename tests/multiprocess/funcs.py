@@ -2,6 +2,7 @@
 module under the same name, so script functions resolve by name and Python
 functions pickle by reference."""
 
+import ctypes
 import os
 import queue
 import threading
@@ -148,7 +149,7 @@ def loop_events_served_by_others():
     """Events of this process's transport that pool threads read themselves."""
     from torchrpc import _C
 
-    return _C._loop_events_served_by_others()
+    return _C.debug_counters()["loop_events_served_by_others"]
 
 
 def sleep(seconds):
@@ -279,10 +280,16 @@ def hold_gil_on_main(seconds):
 
     def hold():
         _hold["start"] = time.time()
-        native()._hold_gil_for_test(seconds)
+        _sleep_holding_gil(seconds)
         _hold["end"] = time.time()
 
     _main_tasks.put(hold)
+
+
+def _sleep_holding_gil(seconds):
+    # One C call through a PyDLL, which keeps the GIL during it (glibc's
+    # usleep takes more than a second).
+    ctypes.PyDLL(None).usleep(int(seconds * 1e6))
 
 
 def hold_window():
@@ -309,12 +316,14 @@ def _thread_name(tid):
 
 def same_host_copied_bytes():
     """Bytes this worker copied from its peers' memory (csrc/transport/same_host)."""
-    return native()._same_host_copied_bytes()
+    return native().debug_counters()["same_host_copied_bytes"]
 
 
 def verify_same_host_offer(offer):
     """(pid, "") if this worker can read the memory of the process that made `offer`, else (-1, why)."""
-    return native()._same_host_verify(offer)
+    from tests.csrc import hooks
+
+    return hooks().same_host_verify(offer)
 
 
 def thread_names():

@@ -8,6 +8,7 @@ import torch
 import torchrpc as rpc
 from tests.multiprocess import funcs
 from tests.multiprocess.cluster import Cluster
+from tests.csrc import hooks
 from torchrpc._extension import native
 
 MB = 1 << 20
@@ -24,7 +25,7 @@ def lending():
     """Skips a test that counts copied bytes where the kernel does not let
     processes read each other's memory (seccomp, Yama): tensors then travel
     through the socket, and the tests of their values still run."""
-    pid, why = rpc.rpc_sync("worker1", funcs.verify_same_host_offer, args=(native()._same_host_offer(),))
+    pid, why = rpc.rpc_sync("worker1", funcs.verify_same_host_offer, args=(hooks().same_host_offer(),))
     if pid == -1:
         pytest.skip(f"this machine refuses cross-process reads ({why}); everything goes through the socket")
 
@@ -32,7 +33,7 @@ def lending():
 def copied(worker=None):
     """Bytes `worker` (default: this one) copied from its peers' memory."""
     if worker is None:
-        return native()._same_host_copied_bytes()
+        return native().debug_counters()["same_host_copied_bytes"]
     return rpc.rpc_sync(worker, funcs.same_host_copied_bytes)
 
 
@@ -86,12 +87,11 @@ def test_a_worker_without_same_host_copy_gets_every_byte_through_the_socket():
 
 
 def test_an_offer_is_accepted_only_from_the_process_that_made_it():
-    C = native()
-    pid, why = C._same_host_verify(C._same_host_offer())
+    pid, why = hooks().same_host_verify(hooks().same_host_offer())
     assert why == "" and pid > 0
-    offer = bytearray(C._same_host_offer())
+    offer = bytearray(hooks().same_host_offer())
     offer[-1] ^= 0xFF  # another secret: the pid names some other process
-    pid, why = C._same_host_verify(bytes(offer))
+    pid, why = hooks().same_host_verify(bytes(offer))
     assert pid == -1 and "another process" in why
-    pid, why = C._same_host_verify(b"short")
+    pid, why = hooks().same_host_verify(b"short")
     assert pid == -1 and "malformed offer" in why

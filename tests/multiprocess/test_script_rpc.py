@@ -225,6 +225,7 @@ def test_unseen_script_function_inside_python_arguments_fails_clearly(unseen):
 
 def test_shipped_code_hash_or_format_mismatch_is_refused(unseen):
     from torchrpc import shipped_code
+    from torchrpc._extension import native
 
     agent = rpc.api._state.agent
     fmt, digest, code = shipped_code.with_code(unseen.helper, 1)
@@ -232,7 +233,8 @@ def test_shipped_code_hash_or_format_mismatch_is_refused(unseen):
         ((fmt, "0" * 40, code), "refusing to run it"),
         (("torchscript-zip/0", digest, code), "run the same torchrpc version on every worker"),
     ]:
-        call = agent.script_call(1, "helper", "", unseen.helper, (X,), {}, 10.0, "rpc_sync", shipped)
+        message = native().script_message("helper", "", unseen.helper, (X,), {}, shipped)
+        call = agent.send(1, message, 10.0, "rpc_sync", "helper")
         ok, info = call.result()
         assert not ok and info[2] == "ValueError" and match in info[1], info
 

@@ -7,9 +7,8 @@ import struct
 import pytest
 import torch
 
-from torchrpc._extension import native
+from tests.csrc import hooks
 
-C = native()
 # contextId, sendId, retain_graph, count, root rank, backward id, pass id
 HEADER = struct.Struct("<qqBIiqq")
 NO_REPORT = b"\x00"
@@ -17,10 +16,10 @@ NO_REPORT = b"\x00"
 
 def test_gradients_and_gaps_survive_the_trip():
     a, b = torch.randn(3, 4), torch.arange(6.0).view(2, 3).t()  # b is not contiguous
-    payload, tensors = C._encode_backward(1 << 48 | 5, 7, True, [a, None, b], root=2,
+    payload, tensors = hooks().encode_backward(1 << 48 | 5, 7, True, [a, None, b], root=2,
                                           backward_id=9, pass_id=1 << 40 | 3)
     assert len(tensors) == 2  # only the present gradients travel as tensors
-    context_id, send_id, retain, grads, root, backward_id, pass_id, report = C._parse_backward(
+    context_id, send_id, retain, grads, root, backward_id, pass_id, report = hooks().parse_backward(
         payload, tensors)
     assert (context_id, send_id, retain) == (1 << 48 | 5, 7, True)
     assert (root, backward_id, pass_id, report) == (2, 9, 1 << 40 | 3, None)
@@ -28,23 +27,23 @@ def test_gradients_and_gaps_survive_the_trip():
 
 
 def test_no_gradients_at_all():
-    payload, tensors = C._encode_backward(3, 0, False, [None, None])
-    assert tensors == [] and C._parse_backward(payload, tensors) == (3, 0, False, [None, None],
+    payload, tensors = hooks().encode_backward(3, 0, False, [None, None])
+    assert tensors == [] and hooks().parse_backward(payload, tensors) == (3, 0, False, [None, None],
                                                                      0, 0, 0, None)
 
 
 def test_a_pass_report_rides_along():
     """A pass that sends to the worker that called backward() reports there,
     inside that message: its id and the passes its messages start."""
-    payload, tensors = C._encode_backward(3, 1, False, [torch.ones(2)], report=(5, [6, 1 << 41]))
-    assert C._parse_backward(payload, tensors)[-1] == (5, [6, 1 << 41])
-    payload, _ = C._encode_backward(3, 1, False, [None], report=(5, []))
-    assert C._parse_backward(payload, [])[-1] == (5, [])
+    payload, tensors = hooks().encode_backward(3, 1, False, [torch.ones(2)], report=(5, [6, 1 << 41]))
+    assert hooks().parse_backward(payload, tensors)[-1] == (5, [6, 1 << 41])
+    payload, _ = hooks().encode_backward(3, 1, False, [None], report=(5, []))
+    assert hooks().parse_backward(payload, [])[-1] == (5, [])
 
 
 def test_pass_done_survives_the_trip():
-    assert C._parse_pass_done(C._encode_pass_done(4, 7, [8, 9])) == (4, 7, [8, 9])
-    assert C._parse_pass_done(C._encode_pass_done(4, 7, [])) == (4, 7, [])
+    assert hooks().parse_pass_done(hooks().encode_pass_done(4, 7, [8, 9])) == (4, 7, [8, 9])
+    assert hooks().parse_pass_done(hooks().encode_pass_done(4, 7, [])) == (4, 7, [])
 
 
 def _head(retain=0, count=1):
@@ -67,7 +66,7 @@ def _head(retain=0, count=1):
 ])
 def test_malformed_backward_payloads_are_refused(payload, tensors, error):
     with pytest.raises(RuntimeError, match="malformed AUTOGRAD_BACKWARD: " + error):
-        C._parse_backward(payload, tensors)
+        hooks().parse_backward(payload, tensors)
 
 
 @pytest.mark.parametrize("payload, error", [
@@ -78,4 +77,4 @@ def test_malformed_backward_payloads_are_refused(payload, tensors, error):
 ])
 def test_malformed_pass_reports_are_refused(payload, error):
     with pytest.raises(RuntimeError, match="malformed AUTOGRAD_PASS_DONE: " + error):
-        C._parse_pass_done(payload)
+        hooks().parse_pass_done(payload)

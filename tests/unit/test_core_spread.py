@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from torchrpc import _C
+from tests.csrc import hooks
 
 ALLOWED = os.sched_getaffinity(0)
 sched_getcpu = ctypes.CDLL(None, use_errno=True).sched_getcpu
@@ -17,7 +17,7 @@ sched_getcpu = ctypes.CDLL(None, use_errno=True).sched_getcpu
 def settle_in_turn(n):
     """n threads, one after the other, start on the lowest allowed core and
     settle (staying counted until all have); returns each one's (core, alone)."""
-    spread = _C._CoreSpread()
+    spread = hooks().CoreSpread()
     out, turn, done = [None] * n, [threading.Event() for _ in range(n + 1)], threading.Event()
 
     def thread(i):
@@ -28,7 +28,7 @@ def settle_in_turn(n):
         out[i] = (sched_getcpu(), alone)
         turn[i + 1].set()
         assert done.wait(10)
-        _C._CoreSpread.leave()
+        hooks().CoreSpread.leave()
 
     threads = [threading.Thread(target=thread, args=(i,)) for i in range(n)]
     for t in threads:

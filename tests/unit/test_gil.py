@@ -46,12 +46,12 @@ def test_a_pool_thread_keeps_its_python_state_between_calls(solo):
 
 def test_shutdown_deletes_the_thread_states_of_its_threads():
     native().reap_thread_states()  # threads of earlier sessions in this process that exited since
-    before = native()._kept_thread_states()
+    before = native().debug_counters()["kept_thread_states"]
     for _ in range(2):  # and a second session starts from the same count
         init_solo(4)
         futs = [torchrpc.rpc_async("solo", calls_on_this_thread) for _ in range(16)]
         assert len([f.wait() for f in futs]) == 16
-        assert native()._kept_thread_states() > before  # pool and callback threads hold theirs
+        assert native().debug_counters()["kept_thread_states"] > before  # pool and callback threads hold theirs
         torchrpc.shutdown()
-        after = native()._kept_thread_states()
+        after = native().debug_counters()["kept_thread_states"]
         assert after == before, f"{after - before} thread state(s) outlived shutdown"

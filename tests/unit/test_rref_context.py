@@ -8,6 +8,7 @@ import gc
 import pytest
 import torch
 
+from tests.csrc import hooks
 from torchrpc import python_fallback
 from torchrpc._extension import native
 
@@ -142,14 +143,14 @@ def test_owner_sends_to_itself(world):
 def test_out_of_order_messages(world):
     c = world.ctx[0]
     # A FORK_REQUEST that arrives before the REMOTE_CALL creating the RRef.
-    c._on_fork_request(1, 777, 2, 5)
+    hooks().on_fork_request(c, 1, 777, 2, 5)
     snap = c.snapshot()
     assert snap["owners"] == [("1:777", ["2:5"], False, False)]
-    c._on_user_delete(1, 777, 2, 5)
+    hooks().on_user_delete(c, 1, 777, 2, 5)
     assert world.owners(0) == {}
     # Deletes and accepts nobody expects are ignored.
-    c._on_user_delete(1, 778, 2, 6)
-    c._on_child_accept(2, 99)
+    hooks().on_user_delete(c, 1, 778, 2, 6)
+    hooks().on_child_accept(c, 2, 99)
     assert world.owners(0) == {} and c.snapshot()["pending_children"] == []
 
 
@@ -162,8 +163,13 @@ def test_cancelled_forks_are_undone(world):
     assert world.ctx[1].snapshot()["pending_children"] == []
 
 
+def remote_builtin(ctx, dst, op, args, timeout):
+    message, schema_name = native().builtin_message(op, args, {})
+    return ctx.remote(dst, message, timeout, schema_name)
+
+
 def test_remote_builtin_and_fetch(world):
-    user = world.ctx[0].remote_builtin(1, "aten::add", (torch.ones(2), torch.ones(2)), {}, 10.0)
+    user = remote_builtin(world.ctx[0], 1, "aten::add", (torch.ones(2), torch.ones(2)), 10.0)
     assert not user.is_owner() and user.owner() == 1
     assert torch.equal(fetch(world.ctx[0], user), torch.full((2,), 2.0))
     world.settle()
@@ -177,7 +183,7 @@ def test_remote_builtin_and_fetch(world):
 
 def test_remote_to_an_unreachable_worker_reports_on_to_here(world):
     world.agents[2].shutdown()
-    user = world.ctx[0].remote_builtin(2, "aten::neg", (torch.ones(1),), {}, 5.0)
+    user = remote_builtin(world.ctx[0], 2, "aten::neg", (torch.ones(1),), 5.0)
     world.settle()
     kind, message, _, _ = user.creation_error()
     assert kind == 2 and "w2" in message  # PeerUnreachable, naming the owner

@@ -9,6 +9,7 @@ import struct
 import pytest
 import torch
 
+from tests.csrc import hooks
 from torchrpc._extension import native
 
 C = native()
@@ -18,12 +19,12 @@ MAGIC = 0x43505254
 
 
 def frame(payload=b"", tensors=(), type_=SCRIPT_RET, id_=7, lend_from=0):
-    return C._encode_frame(type_, id_, payload, list(tensors), lend_from)
+    return hooks().encode_frame(type_, id_, payload, list(tensors), lend_from)
 
 
 def parse_with_lent(data, chunk=1 << 20):
     """(messages as (type, id, payload, tensors, lent), error, mid-frame)."""
-    return C._parse_frames(data, chunk)
+    return hooks().parse_frames(data, chunk)
 
 
 def parse(data, chunk=1 << 20):
@@ -142,11 +143,11 @@ def test_large_received_tensors_reuse_freed_memory_never_live_memory():
     (_, _, _, (a, b)), = parse(data)[0]
     assert torch.equal(a, torch.full((n,), 1.0)) and torch.equal(b, torch.arange(n, dtype=torch.float32))
     assert a.data_ptr() != b.data_ptr()
-    before = C._receive_cache_bytes()
+    before = C.debug_counters()["receive_cache_bytes"]
     del a
-    assert C._receive_cache_bytes() > before  # kept, not returned to the system
+    assert C.debug_counters()["receive_cache_bytes"] > before  # kept, not returned to the system
     (_, _, _, (c, d)), = parse(data)[0]
-    assert C._receive_cache_bytes() == before  # ... and taken again
+    assert C.debug_counters()["receive_cache_bytes"] == before  # ... and taken again
     assert torch.equal(c, torch.full((n,), 1.0)) and torch.equal(d, torch.arange(n, dtype=torch.float32))
     assert torch.equal(b, torch.arange(n, dtype=torch.float32))  # a live one is never reused
     # such a tensor behaves like any other: it resizes and frees normally

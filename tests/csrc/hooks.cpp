@@ -1,0 +1,123 @@
+// Test hooks: internals of libtorchrpc driven from the tests, built at test
+// time (tests/csrc/__init__.py), never shipped. Glue only, as the shipped
+// bindings are.
+
+#include <torch/extension.h>
+
+#include <cstring>
+
+#include "agent/core_spread.h"
+#include "autograd/autograd_messages.h"
+#include "message/wire.h"
+#include "rref/rref_context.h"
+#include "transport/same_host.h"
+
+namespace py = pybind11;
+namespace ag = torchrpc::autograd;
+
+namespace {
+
+// A report is (passId, [child pass ids]) or None.
+using Report = std::optional<std::pair<int64_t, std::vector<int64_t>>>;
+
+Report toReport(const std::optional<ag::PassReport>& r) {
+  if (!r) return std::nullopt;
+  return std::make_pair(r->passId, r->children);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // The wire format (tests/unit/test_wire.py): encode one frame, and parse a
+  // byte string fed in chunks of `chunk` bytes, alternating the buffered and
+  // the direct (zero-copy) read paths as the transport does.
+  m.def(
+      "encode_frame",
+      [](int type, uint64_t id, py::bytes payload, std::vector<at::Tensor> tensors, uint64_t lendFrom) {
+        torchrpc::Message msg{static_cast<torchrpc::MessageType>(type), id, std::string(payload), std::move(tensors)};
+        torchrpc::OutgoingFrame f = torchrpc::encodeFrame(std::move(msg), lendFrom);
+        std::string out = f.prefix;
+        for (const auto& t : f.tensors) out.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
+        return py::bytes(out);
+      },
+      py::arg("type"), py::arg("id"), py::arg("payload"), py::arg("tensors"), py::arg("lend_from") = 0);
+  m.def("parse_frames", [](py::bytes data, size_t chunk) {
+    std::string bytes(data);
+    torchrpc::FrameReader reader;
+    size_t pos = 0;
+    while (pos < bytes.size() && reader.error().empty()) {
+      size_t n = std::min(std::max<size_t>(chunk, 1), bytes.size() - pos);
+      auto direct = reader.directReadRegion();
+      if (direct) {
+        n = std::min(n, direct->second);
+        std::memcpy(direct->first, bytes.data() + pos, n);
+        reader.commitDirectRead(n);
+      } else {
+        reader.consume(bytes.data() + pos, n);
+      }
+      pos += n;
+    }
+    py::list messages;
+    for (auto& f : reader.takeFrames()) {
+      const auto& msg = f.message;
+      py::list lent;
+      for (const auto& l : f.lent) lent.append(py::make_tuple(l.index, l.address));
+      messages.append(py::make_tuple(static_cast<int>(msg.type), msg.id, py::bytes(msg.payload), msg.tensors, lent));
+    }
+    return py::make_tuple(messages, reader.error(), reader.midFrame());
+  });
+
+  // Distributed autograd's binary messages (autograd/autograd_messages.h).
+  m.def(
+      "encode_backward",
+      [](int64_t contextId, int64_t sendId, bool retain, std::vector<std::optional<at::Tensor>> grads,
+         int32_t rootRank, int64_t backwardId, int64_t passId, Report report) {
+        ag::BackwardRequest r{contextId, sendId, retain, std::move(grads), rootRank, backwardId, passId, std::nullopt};
+        if (report) r.report = ag::PassReport{report->first, report->second};
+        auto msg = ag::backwardMessage(std::move(r));
+        return py::make_tuple(py::bytes(msg.payload), msg.tensors);
+      },
+      py::arg("context_id"), py::arg("send_id"), py::arg("retain"), py::arg("grads"), py::arg("root") = 0,
+      py::arg("backward_id") = 0, py::arg("pass_id") = 0, py::arg("report") = py::none());
+  m.def("parse_backward", [](py::bytes payload, std::vector<at::Tensor> tensors) {
+    torchrpc::Message msg{torchrpc::MessageType::kAutogradBackward, 0, std::string(payload), std::move(tensors)};
+    auto r = ag::parseBackward(std::move(msg));
+    return py::make_tuple(r.contextId, r.sendId, r.retainGraph, r.grads, r.rootRank, r.backwardId, r.passId,
+                          toReport(r.report));
+  });
+  m.def("encode_pass_done", [](int64_t backwardId, int64_t passId, std::vector<int64_t> children) {
+    return py::bytes(ag::passDoneMessage(backwardId, {passId, std::move(children)}).payload);
+  });
+  m.def("parse_pass_done", [](py::bytes payload) {
+    torchrpc::Message msg{torchrpc::MessageType::kAutogradPassDone, 0, std::string(payload), {}};
+    auto [backwardId, report] = ag::parsePassDone(msg);
+    return py::make_tuple(backwardId, report.passId, report.children);
+  });
+
+  // The same-host copy's proof of pid (transport/same_host.h): (pid, "") or (-1, why).
+  m.def("same_host_offer", [] { return py::bytes(torchrpc::same_host::offer()); });
+  m.def("same_host_verify", [](py::bytes offer) {
+    auto pid = torchrpc::same_host::verify(offer);
+    return py::make_tuple(pid.value, pid.error.what());
+  });
+
+  // A pool's core bookkeeping, driven from Python threads.
+  py::class_<torchrpc::CoreSpread>(m, "CoreSpread")
+      .def(py::init<>())
+      .def("settle", &torchrpc::CoreSpread::settle)
+      .def_static("leave", &torchrpc::CoreSpread::leave);
+
+  // RRef protocol messages as if they had arrived, in any order.
+  using Ctx = std::shared_ptr<torchrpc::rref::RRefContext>;
+  m.def(
+      "on_fork_request",
+      [](const Ctx& c, int rw, int64_t rl, int fw, int64_t fl) { c->onForkRequest({rw, rl}, {fw, fl}); },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "on_user_delete",
+      [](const Ctx& c, int rw, int64_t rl, int fw, int64_t fl) { c->onUserDelete({rw, rl}, {fw, fl}); },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "on_child_accept", [](const Ctx& c, int fw, int64_t fl) { c->onChildAccept({fw, fl}); },
+      py::call_guard<py::gil_scoped_release>());
+}
