@@ -79,17 +79,18 @@ class WorkerInfo:
 class _State:
     """What init_rpc set up in this process."""
 
-    def __init__(self, agent, rref_ctx, me, workers, options, rdv, addresses):
-        self.agent = agent
-        self.rref_ctx = rref_ctx  # the RRef protocol (csrc/rref)
+    def __init__(self, worker, me, workers, options):
+        self.worker = worker  # the lifecycle (csrc/worker)
+        self.agent = worker.agent
+        self.rref_ctx = worker.rrefs  # the RRef protocol (csrc/rref)
         self.callbacks = native().CallbackRunner()  # runs rpc_async completions
-        self.addresses = addresses  # (tcp, unix) this worker listens on
+        peer = worker.peers()[me.id]
+        self.addresses = (peer[2], peer[3])  # (tcp, unix) this worker listens on
         self.closing = False  # shutdown() has begun
         self.me = me
         self.workers = workers  # by rank
         self.by_name = {w.name: w for w in workers}
         self.options = options
-        self.rendezvous = rdv
 
 
 _state = None
@@ -147,26 +148,20 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
                 "call torchrpc.shutdown() before init_rpc() again."
             )
         store, rank, world_size = rendezvous.open_store(options, rank, world_size)
-        rdv = rendezvous.Rendezvous(store, rank, world_size)
-        agent = C.Agent(name, rank, world_size, options.num_worker_threads, options.rpc_timeout,
-                        rendezvous.listen_host(options.init_method), rendezvous.host_id())
-        try:
-            tcp, unix = agent.listen()
-            records = rdv.exchange((name, rank, tcp, unix, rendezvous.host_id()))
-            agent.set_peers(records)
-            agent.set_python_handler(python_fallback.handle_call, python_fallback.handle_remote)
-            agent.set_script_resolver(python_fallback.resolve_script)
-            rref_ctx = C.RRefContext(agent, python_fallback.encode_value, python_fallback.handle_method)
-            C.autograd_install(agent)
-            for fn, explicit in _explicit_names.items():
-                agent.register_script(explicit, fn)
-            agent.start_serving()
-            agent.make_current()  # for the TorchScript ops (jit_ops/)
-        except BaseException:
-            agent.shutdown()
-            raise
-        workers = [WorkerInfo(r[0], r[1]) for r in records]
-        _state = _State(agent, rref_ctx, workers[rank], workers, options, rdv, (tcp, unix))
+        worker = C.Worker(name, rank, world_size, options.num_worker_threads, options.rpc_timeout,
+                          rendezvous.listen_host(options.init_method), rendezvous.host_id(), store,
+                          _install_python)
+        workers = [WorkerInfo(r[0], r[1]) for r in worker.peers()]
+        _state = _State(worker, workers[rank], workers, options)
+
+
+def _install_python(agent, rref_ctx):
+    """The Python handlers of a worker, installed before it serves."""
+    agent.set_python_handler(python_fallback.handle_call, python_fallback.handle_remote)
+    agent.set_script_resolver(python_fallback.resolve_script)
+    rref_ctx.install_python(python_fallback.encode_value, python_fallback.handle_method)
+    for fn, explicit in _explicit_names.items():
+        agent.register_script(explicit, fn)
 
 
 def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):
@@ -191,27 +186,9 @@ def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):
         # The worker keeps serving until every worker got here, and what it
         # serves may use torchrpc (nested calls, RRefs): _state stays set.
         state.closing = True
-    failure = None
-    leaked = []
     try:
-        if graceful:
-            left = state.agent.wait_pending(timeout)
-            if left:
-                failure = errors.RpcTimeoutError(
-                    f"shutdown on {state.me.name}: {left} call(s) still pending after {timeout} s"
-                )
-            else:
-                started = time.monotonic()
-                try:
-                    state.rendezvous.barrier("shutdown", timeout)
-                    failure = _release_rrefs(state, timeout)
-                    state.rendezvous.barrier("rref-shutdown", timeout)
-                    leaked = [o for o in state.rref_ctx.snapshot()["owners"] if o[1]]
-                except Exception as err:
-                    failure = _barrier_failure(state, timeout, time.monotonic() - started, err)
+        failure, leaked = state.worker.stop(graceful, timeout)
     finally:
-        state.agent.shutdown()
-        state.rref_ctx.stop()
         state.callbacks.stop(timeout)  # runs the completions of the calls shutdown failed
         native().reap_thread_states()  # the Python thread states of the threads that stopped
         python_fallback.forget_sent()
@@ -219,7 +196,7 @@ def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):
         with _state_lock:
             _state = None
     if failure is not None:
-        raise failure
+        raise errors.from_native(failure)
     if leaked:
         warnings.warn(
             f"shutdown on {state.me.name}: {len(leaked)} owner RRef(s) still had users after every "
@@ -228,37 +205,6 @@ def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):
             ResourceWarning,
             stacklevel=2,
         )
-
-
-def _barrier_failure(state, timeout, waited, err):
-    """The error of a graceful shutdown whose meeting of all workers failed:
-    a timeout, or the store gone (its host exited) well before it."""
-    if waited < 0.9 * timeout:
-        host = f"rank 0 ({state.workers[0].name})"
-        return errors.PeerUnreachableError(
-            f"shutdown on {state.me.name}: the rendezvous store stopped answering after "
-            f"{waited:.2f} s ({err}). With tcp:// and env:// {host} hosts it, and it has "
-            f"probably exited without shutdown(); the other workers cannot meet. Shut them "
-            f"down with shutdown(graceful=False).")
-    return errors.RpcTimeoutError(
-        f"shutdown on {state.me.name}: not every worker reached shutdown within {timeout} s ({err})")
-
-
-def _release_rrefs(state, timeout):
-    """Graceful shutdown, after every worker finished its calls: releases this
-    worker's user RRefs (USER_DELETE to their owners) and waits until the
-    owners acknowledged. Returns an error, or None."""
-    deadline = time.monotonic() + timeout
-    for _ in range(2):  # a second pass for users confirmed during the first
-        state.rref_ctx.release_all_users()
-        left = state.rref_ctx.wait_idle(max(0.0, deadline - time.monotonic()))
-        pending = state.agent.wait_pending(max(0.0, deadline - time.monotonic()))
-        if left or pending:
-            return errors.RpcTimeoutError(
-                f"shutdown on {state.me.name}: {left} RRef protocol message(s) and {pending} "
-                f"call(s) still unanswered after {timeout} s"
-            )
-    return None
 
 
 @atexit.register

@@ -59,7 +59,7 @@ struct PeerInfo {
   std::string hostId;
 };
 
-class Agent {
+class Agent : public std::enable_shared_from_this<Agent> {
  public:
   using FuturePtr = c10::intrusive_ptr<c10::ivalue::Future>;
   // Runs on a pool thread; answers `reply` once (maybe later, from another

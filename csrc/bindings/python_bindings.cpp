@@ -192,27 +192,50 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("local_host_id", &torchrpc::localHostId);
 
-  // Records are (name, rank, tcp address, unix address, host id) tuples.
-  py::class_<torchrpc::Rendezvous>(m, "Rendezvous")
-      .def(py::init([](py::object store, int rank, int worldSize) {
+  // The lifecycle (worker/worker.h). Peers are (name, rank, tcp address, unix
+  // address, host id) tuples. before_serving(agent, rref_context) installs
+  // the Python handlers.
+  py::class_<torchrpc::Worker, std::shared_ptr<torchrpc::Worker>>(m, "Worker")
+      .def(py::init([](const std::string& name, int rank, int worldSize, size_t numThreads, double rpcTimeout,
+                       const std::string& listenHost, const std::string& hostId, const py::object& store,
+                       py::object beforeServing) {
+             torchrpc::AgentOptions o;
+             o.name = name;
+             o.rank = rank;
+             o.worldSize = worldSize;
+             o.numWorkerThreads = numThreads;
+             o.defaultTimeoutSeconds = rpcTimeout;
+             o.listenHost = listenHost;
+             o.hostId = hostId;
              auto s = py::cast<c10::intrusive_ptr<c10d::Store>>(store);
-             py::gil_scoped_release nogil;
-             return std::make_unique<torchrpc::Rendezvous>(std::move(s), rank, worldSize);
+             auto hook = pf::sharedPyObject(std::move(beforeServing));
+             py::gil_scoped_release nogil;  // the rendezvous waits for the whole job
+             return std::make_shared<torchrpc::Worker>(o, std::move(s), [hook](Agent& a, rref::RRefContext& c) {
+               py::gil_scoped_acquire gil;
+               (*hook)(a.shared_from_this(), c.shared_from_this());
+             });
            }),
-           py::arg("store"), py::arg("rank"), py::arg("world_size"))
-      .def("exchange",
-           [](torchrpc::Rendezvous& r, const std::tuple<std::string, int, std::string, std::string, std::string>& me) {
-             const auto& [name, rank, tcp, unixAddr, host] = me;
-             std::vector<torchrpc::PeerInfo> peers;
-             {
-               py::gil_scoped_release nogil;
-               peers = r.exchange(torchrpc::PeerInfo{name, rank, tcp, unixAddr, host});
-             }
+           py::arg("name"), py::arg("rank"), py::arg("world_size"), py::arg("num_worker_threads"),
+           py::arg("rpc_timeout"), py::arg("listen_host"), py::arg("host_id"), py::arg("store"),
+           py::arg("before_serving"))
+      .def_property_readonly("agent", [](const torchrpc::Worker& w) { return w.agentPtr(); })
+      .def_property_readonly("rrefs", [](const torchrpc::Worker& w) { return w.rrefs(); })
+      .def("peers",
+           [](const torchrpc::Worker& w) {
              py::list out;
-             for (const auto& p : peers) out.append(py::make_tuple(p.name, p.rank, p.tcpAddress, p.unixAddress, p.hostId));
+             for (const auto& p : w.peers()) out.append(py::make_tuple(p.name, p.rank, p.tcpAddress, p.unixAddress, p.hostId));
              return out;
            })
-      .def("barrier", &torchrpc::Rendezvous::barrier, py::call_guard<py::gil_scoped_release>());
+      // (None or the error tuple of why the graceful part failed, leaked owner RRefs)
+      .def("stop", [](torchrpc::Worker& w, bool graceful, double timeout) {
+        torchrpc::Worker::StopReport report;
+        {
+          py::gil_scoped_release nogil;
+          report = w.stop(graceful, timeout);
+        }
+        py::object failure = report.failure ? py::object(errorTuple(report.failure)) : py::none();
+        return py::make_tuple(failure, py::cast(report.leaked));
+      });
 
   // Call messages, built once by the caller, then sent (Agent.send) or made a
   // remote() (RRefContext.remote).
@@ -269,7 +292,6 @@ PYBIND11_MODULE(_C, m) {
       .def("send",
            [](Agent& a, int dst, OutgoingMessage& msg, double timeout, const std::string& kind,
               const std::string& function) { return send(a, dst, msg.take(), timeout, kind, function); })
-      .def("make_current", [](std::shared_ptr<Agent> a) { Agent::setCurrent(std::move(a)); })
       .def("start_serving", &Agent::startServing)
       .def("wait_pending", &Agent::waitPending, py::call_guard<py::gil_scoped_release>())
       .def("shutdown", &Agent::shutdown, py::call_guard<py::gil_scoped_release>())
@@ -336,6 +358,10 @@ PYBIND11_MODULE(_C, m) {
         pf::installRRefPython(*ctx, std::move(encoder), std::move(methodRunner));
         return ctx;
       }))
+      .def("install_python",
+           [](rref::RRefContext& c, py::object encoder, py::object methodRunner) {
+             pf::installRRefPython(c, std::move(encoder), std::move(methodRunner));
+           })
       .def("create_owner",
            [](rref::RRefContext& c, py::object value) -> std::shared_ptr<rref::RRef> {
              // A plain tensor is kept as a tensor (the same object comes back),
@@ -416,7 +442,6 @@ PYBIND11_MODULE(_C, m) {
 
   // Distributed autograd (torchrpc/autograd.py).
   namespace ag = torchrpc::autograd;
-  m.def("autograd_install", [](Agent& a) { ag::install(a); });
   m.def("autograd_new_context", [] { return ag::Container::get().create()->id(); });
   m.def("autograd_current_context", [] { return ag::Container::currentId(); });
   m.def("autograd_release_context", &ag::releaseContext, py::call_guard<py::gil_scoped_release>());

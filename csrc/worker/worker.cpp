@@ -2,9 +2,11 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 
 #include "autograd/engine.h"
+#include "common/error.h"
 
 namespace torchrpc {
 
@@ -21,8 +23,7 @@ std::string localHostId() {
   return id;
 }
 
-Worker::Worker(AgentOptions options, c10::intrusive_ptr<c10d::Store> store,
-               const std::function<void(Agent&)>& beforeServing) {
+Worker::Worker(AgentOptions options, c10::intrusive_ptr<c10d::Store> store, const Hook& beforeServing) {
   if (options.hostId.empty()) options.hostId = localHostId();
   const int rank = options.rank;
   const int worldSize = options.worldSize;
@@ -30,48 +31,97 @@ Worker::Worker(AgentOptions options, c10::intrusive_ptr<c10d::Store> store,
   try {
     rendezvous_ = std::make_unique<Rendezvous>(std::move(store), rank, worldSize);
     auto [tcp, unixAddr] = agent_->listen();
-    agent_->setPeers(rendezvous_->exchange(PeerInfo{options.name, rank, tcp, unixAddr, options.hostId}));
+    peers_ = rendezvous_->exchange(PeerInfo{options.name, rank, tcp, unixAddr, options.hostId});
+    agent_->setPeers(peers_);
     rrefs_ = rref::RRefContext::create(agent_);
     autograd::install(*agent_);
-    if (beforeServing) beforeServing(*agent_);
+    if (beforeServing) beforeServing(*agent_, *rrefs_);
     agent_->startServing();
     Agent::setCurrent(agent_);
   } catch (...) {
     agent_->shutdown();
+    if (rrefs_) rrefs_->stop();
     throw;
   }
 }
 
 Worker::~Worker() {
+  if (!stopped_) stop(/*graceful=*/false, 0);
+}
+
+namespace {
+
+double secondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+std::exception_ptr Worker::leaveGracefully(double timeoutSeconds,
+                                           std::vector<rref::OwnerTable::EntryInfo>* leaked) {
+  const std::string& me = agent_->options().name;
+  const std::string limit = std::to_string(timeoutSeconds) + " s";
+  if (size_t left = agent_->waitPending(timeoutSeconds)) {
+    return makeRpcError(ErrorKind::kTimeout, "shutdown on " + me + ": " + std::to_string(left) +
+                                                 " call(s) still pending after " + limit);
+  }
+  const auto started = std::chrono::steady_clock::now();
+  std::exception_ptr failure;
+  try {
+    rendezvous_->barrier("shutdown", timeoutSeconds);
+    // Everyone is done calling: release this worker's user RRefs and wait for
+    // the owners' acks, twice (a user may be confirmed during the first pass).
+    const auto deadline = started + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                        std::chrono::duration<double>(timeoutSeconds));
+    auto leftSeconds = [&] {
+      return std::max(0.0, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count());
+    };
+    for (int pass = 0; pass < 2 && !failure; ++pass) {
+      rrefs_->releaseAllUsers();
+      size_t messages = rrefs_->waitIdle(leftSeconds());
+      size_t calls = agent_->waitPending(leftSeconds());
+      if (messages || calls) {
+        failure = makeRpcError(ErrorKind::kTimeout, "shutdown on " + me + ": " + std::to_string(messages) +
+                                                        " RRef protocol message(s) and " + std::to_string(calls) +
+                                                        " call(s) still unanswered after " + limit);
+      }
+    }
+    rendezvous_->barrier("rref-shutdown", timeoutSeconds);
+    for (auto& entry : rrefs_->snapshot().owners) {
+      if (!std::get<1>(entry).empty()) leaked->push_back(std::move(entry));
+    }
+  } catch (...) {
+    // The meeting of all workers failed: a timeout, or the store gone (its
+    // host exited) well before it.
+    const double waited = secondsSince(started);
+    const std::string why = errorParts(std::current_exception()).message;
+    if (waited < 0.9 * timeoutSeconds) {
+      return makeRpcError(
+          ErrorKind::kPeerUnreachable,
+          "shutdown on " + me + ": the rendezvous store stopped answering after " + std::to_string(waited) + " s (" +
+              why + "). With tcp:// and env:// rank 0 (" + peers_.at(0).name +
+              ") hosts it, and it has probably exited without shutdown(); the other workers cannot meet. Shut "
+              "them down with shutdown(graceful=False).");
+    }
+    return makeRpcError(ErrorKind::kTimeout,
+                        "shutdown on " + me + ": not every worker reached shutdown within " + limit + " (" + why + ")");
+  }
+  return failure;
+}
+
+Worker::StopReport Worker::stop(bool graceful, double timeoutSeconds) {
+  TORCH_CHECK(!stopped_, "this worker was stopped already");
+  stopped_ = true;
+  StopReport report;
+  if (graceful) report.failure = leaveGracefully(timeoutSeconds, &report.leaked);
   agent_->shutdown();
-  if (rrefs_) rrefs_->stop();
+  rrefs_->stop();
+  return report;
 }
 
 void Worker::shutdown(double timeoutSeconds) {
-  size_t left = agent_->waitPending(timeoutSeconds);
-  std::exception_ptr failure;
-  if (left == 0) {
-    try {
-      // The same steps as Python's shutdown (torchrpc/api.py): everyone is
-      // done calling; everyone releases its user RRefs (twice: a user may be
-      // confirmed during the first pass) and waits for the owners' acks.
-      rendezvous_->barrier("shutdown", timeoutSeconds);
-      for (int pass = 0; pass < 2; ++pass) {
-        rrefs_->releaseAllUsers();
-        TORCH_CHECK(rrefs_->waitIdle(timeoutSeconds) == 0 && agent_->waitPending(timeoutSeconds) == 0,
-                    "shutdown on ", agent_->options().name,
-                    ": RRef protocol messages still unanswered after ", timeoutSeconds, " s");
-      }
-      rendezvous_->barrier("rref-shutdown", timeoutSeconds);
-    } catch (...) {
-      failure = std::current_exception();
-    }
-  }
-  agent_->shutdown();
-  rrefs_->stop();
-  TORCH_CHECK(left == 0, "shutdown on ", agent_->options().name, ": ", left, " call(s) still pending after ",
-              timeoutSeconds, " s");
-  if (failure) std::rethrow_exception(failure);
+  auto report = stop(/*graceful=*/true, timeoutSeconds);
+  if (report.failure) std::rethrow_exception(report.failure);
 }
 
 }  // namespace torchrpc

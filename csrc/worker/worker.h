@@ -1,21 +1,35 @@
 #pragma once
 
-// The C++ entry point of libtorchrpc: what init_rpc / shutdown are in Python,
-// for programs without Python. A C++ worker serves TorchScript calls (and
-// calls others, e.g. from a loaded model through the torchrpc:: ops) in the
-// same job as Python workers.
+// Worker: one initialised member of a job, and the one lifecycle of it, for
+// C++ programs and for Python's init_rpc / shutdown alike. A C++ worker
+// serves TorchScript calls (and calls others, e.g. from a loaded model
+// through the torchrpc:: ops) in the same job as Python workers.
 //
 //   auto store = c10::make_intrusive<c10d::TCPStore>(host, opts);
-//   torchrpc::Worker w(options, store, [&](torchrpc::Agent& agent) {
+//   torchrpc::Worker w(options, store, [&](torchrpc::Agent& agent, torchrpc::rref::RRefContext&) {
 //     agent.registry().add("server.forward", moduleMethodCallee(model, "forward"));
 //   });
 //   ...
 //   w.shutdown();  // waits for every worker, like shutdown(graceful=True)
+//
+// Init: listen; exchange addresses through the store (waiting for the whole
+// job); create the RRef context; install distributed autograd; run the
+// front end's hook (Python installs its handlers there; no call is handled
+// before it returns); serve; become Agent::current() and
+// RRefContext::current() for the ops.
+//
+// Shutdown (graceful): wait for this worker's calls; meet every worker
+// ("shutdown" barrier), serving calls meanwhile; release this worker's user
+// RRefs and wait for the owners' acks (twice: a user may be confirmed during
+// the first pass); meet again ("rref-shutdown"); stop.
 
 #include <c10/util/intrusive_ptr.h>
 
+#include <exception>
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "agent/agent.h"
 #include "rendezvous/rendezvous.h"
@@ -29,23 +43,41 @@ std::string localHostId();
 
 class Worker {
  public:
-  // Listens, exchanges addresses through `store` (waiting for the whole job)
-  // and starts serving; the agent becomes Agent::current() for the ops, and
-  // its RRef context (remote() calls, RRefs in loaded TorchScript) current().
-  // `beforeServing` may register callees: no call is handled before it returns.
-  Worker(AgentOptions options, c10::intrusive_ptr<c10d::Store> store,
-         const std::function<void(Agent&)>& beforeServing = {});
+  using Hook = std::function<void(Agent&, rref::RRefContext&)>;
+
+  // Joins the job (see Init above); throws if it cannot, leaving nothing running.
+  Worker(AgentOptions options, c10::intrusive_ptr<c10d::Store> store, const Hook& beforeServing = {});
+  // Stops at once if stop() was not called.
   ~Worker();
 
   Agent& agent() { return *agent_; }
-  // Graceful: waits (serving calls) until every worker reached shutdown, up
-  // to `timeoutSeconds`, then stops. Throws if the wait timed out.
+  const std::shared_ptr<Agent>& agentPtr() const { return agent_; }
+  const std::shared_ptr<rref::RRefContext>& rrefs() const { return rrefs_; }
+  // Every worker of the job, by rank.
+  const std::vector<PeerInfo>& peers() const { return peers_; }
+
+  struct StopReport {
+    std::exception_ptr failure;  // an RpcError: why the graceful part did not finish
+    // Owner RRefs that still had users after every worker released its own:
+    // (rrefId, forks, value ready, creation failed).
+    std::vector<rref::OwnerTable::EntryInfo> leaked;
+  };
+  // Leaves the job: graceful (see Shutdown above, each wait bounded by
+  // `timeoutSeconds`) or at once (pending calls fail with ShutdownError).
+  // Stops the agent and the RRef context in every case. Call it once, from a
+  // thread that is not the agent's.
+  StopReport stop(bool graceful, double timeoutSeconds);
+  // stop(graceful=true) that throws its failure.
   void shutdown(double timeoutSeconds = 60.0);
 
  private:
+  std::exception_ptr leaveGracefully(double timeoutSeconds, std::vector<rref::OwnerTable::EntryInfo>* leaked);
+
   std::shared_ptr<Agent> agent_;
   std::shared_ptr<rref::RRefContext> rrefs_;
   std::unique_ptr<Rendezvous> rendezvous_;
+  std::vector<PeerInfo> peers_;
+  bool stopped_{false};
 };
 
 }  // namespace torchrpc

@@ -255,6 +255,7 @@ class Echo:
 
 _main_tasks = queue.Queue()
 _hold = {}
+_hold_ended = threading.Event()
 
 
 def serve_main_thread(limit):
@@ -282,7 +283,10 @@ def hold_gil_on_main(seconds):
         _hold["start"] = time.time()
         _sleep_holding_gil(seconds)
         _hold["end"] = time.time()
+        _hold_ended.set()
 
+    _hold.clear()
+    _hold_ended.clear()
     _main_tasks.put(hold)
 
 
@@ -293,6 +297,9 @@ def _sleep_holding_gil(seconds):
 
 
 def hold_window():
+    """(start, end) of the last hold_gil_on_main, once it ended (a Python call
+    may run between the end of the hold and the main thread noting it)."""
+    _hold_ended.wait(30)
     return _hold.get("start"), _hold.get("end")
 
 

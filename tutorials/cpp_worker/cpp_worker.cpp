@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
   options.numWorkerThreads = 4;
   // The model's forward calls other workers through the torchrpc:: ops.
   torch::jit::Module model = torch::jit::load(argv[6]);
-  torchrpc::Worker worker(options, store, [&](torchrpc::Agent& agent) {
+  torchrpc::Worker worker(options, store, [&](torchrpc::Agent& agent, torchrpc::rref::RRefContext&) {
     agent.registry().add(name + ".forward", torchrpc::script_dispatch::moduleMethodCallee(model, "forward"));
   });
   std::cout << name << ": joined a job of " << worldSize << " workers" << std::endl;
