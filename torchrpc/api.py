@@ -22,312 +22,54 @@ the dispatcher, a ``torch.jit.ScriptFunction`` runs in the callee's C++ thread
 pool without the GIL, and anything else is pickled with cloudpickle and run
 under the callee's GIL.
 """
-
-import atexit
 import contextlib
 import functools
-import numbers
-import threading
-import time
-import warnings
 
 import torch
 
-from torchrpc import constants, errors, jit_ops, python_fallback, rendezvous, shipped_code
+from torchrpc import constants, errors, jit_ops, python_fallback, shipped_code, state
 from torchrpc import rref as _rref
-from torchrpc._extension import native
-from torchrpc.options import RpcOptions, check_backend
+from torchrpc.lifecycle import init_rpc, shutdown
+from torchrpc.state import WorkerInfo, require_initialized
+
+__all__ = [
+    "WorkerInfo",
+    "get_rpc_timeout",
+    "get_worker_info",
+    "init_rpc",
+    "is_available",
+    "register",
+    "remote",
+    "rpc_async",
+    "rpc_sync",
+    "shutdown",
+]
 
 
-class WorkerInfo:
-    """A worker of the job: its unique ``name`` and its rank ``id``.
-
-    Comparable (by id, then name), hashable and picklable.
-
-    Attributes:
-        id (int): the worker's rank.
-        name (str): the worker's name.
-    """
-
-    __slots__ = ("id", "name")
-
-    def __init__(self, name, id):
-        self.name = name
-        self.id = id
-
-    def _key(self):
-        return (self.id, self.name)
-
-    def __eq__(self, other):
-        return isinstance(other, WorkerInfo) and self._key() == other._key()
-
-    def __lt__(self, other):
-        if not isinstance(other, WorkerInfo):
-            return NotImplemented
-        return self._key() < other._key()
-
-    def __hash__(self):
-        return hash(self._key())
-
-    def __reduce__(self):
-        return (WorkerInfo, (self.name, self.id))
-
-    def __repr__(self):
-        return f"WorkerInfo(id={self.id}, name={self.name})"
-
-
-class _State:
-    """What init_rpc set up in this process."""
-
-    def __init__(self, agent, rref_ctx, me, workers, options, rdv, addresses):
-        self.agent = agent
-        self.rref_ctx = rref_ctx  # the RRef protocol (csrc/rref)
-        self.callbacks = native().CallbackRunner()  # runs rpc_async completions
-        self.addresses = addresses  # (tcp, unix) this worker listens on
-        self.closing = False  # shutdown() has begun
-        self.me = me
-        self.workers = workers  # by rank
-        self.by_name = {w.name: w for w in workers}
-        self.options = options
-        self.rendezvous = rdv
-
-
-_state = None
-_state_lock = threading.Lock()
-_explicit_names = {}  # ScriptFunction -> name given to torchrpc.register
-
-
-def _require_initialized(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        if _state is None:
-            raise errors.NotInitializedError(
-                "torchrpc is not initialized in this process; call "
-                "torchrpc.init_rpc(name, rank=..., world_size=...) first."
-            )
-        return fn(*args, **kwargs)
-
-    return wrapper
-
-
-def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=None):
-    """Joins this process to an RPC job as worker `name`.
-
-    Blocks until every worker of the job has joined (up to
-    ``RpcOptions.init_timeout``).
-
-    Args:
-        name (str): unique name of this worker: letters, digits, ``_`` and ``-``,
-            fewer than 128 characters.
-        backend (BackendType): ``None`` (default) or
-            ``BackendType.TENSORPIPE`` (torchrpc's or ``torch.distributed.rpc``'s):
-            torchrpc has one backend.
-        rank (int): unique rank in ``[0, world_size)``; ``-1`` (default) reads
-            ``RANK`` from the environment with ``env://``.
-        world_size (int): number of workers; ``None`` reads ``WORLD_SIZE``.
-        rpc_backend_options (RpcOptions): see :class:`RpcOptions`.
-
-    Raises:
-        TypeError, ValueError: on invalid arguments, a name used twice in the job,
-            or an already initialized process.
-    """
-    global _state
-    rendezvous.validate_name(name)
-    check_backend(backend)
-    options = RpcOptions.coerce(rpc_backend_options)
-    if rank is not None and not isinstance(rank, numbers.Integral):
-        raise TypeError(f"init_rpc(rank=...) expects an int; got {type(rank).__name__}")
-    if world_size is not None and not isinstance(world_size, numbers.Integral):
-        raise TypeError(f"init_rpc(world_size=...) expects an int; got {type(world_size).__name__}")
-    C = native()
-    with _state_lock:
-        if _state is not None:
-            raise RuntimeError(
-                f"torchrpc is already initialized in this process as {_state.me.name!r}; "
-                "call torchrpc.shutdown() before init_rpc() again."
-            )
-        store, rank, world_size = rendezvous.open_store(options, rank, world_size)
-        rdv = rendezvous.Rendezvous(store, rank, world_size)
-        agent = C.Agent(name, rank, world_size, options.num_worker_threads, options.rpc_timeout,
-                        rendezvous.listen_host(options.init_method), rendezvous.host_id())
-        try:
-            tcp, unix = agent.listen()
-            records = rdv.exchange((name, rank, tcp, unix, rendezvous.host_id()))
-            agent.set_peers(records)
-            agent.set_python_handler(python_fallback.handle_call)
-            agent.set_script_resolver(python_fallback.resolve_script)
-            rref_ctx = C.RRefContext(agent, python_fallback.handle_remote, python_fallback.encode_value,
-                                     python_fallback.handle_method)
-            C.autograd_install(agent)
-            for fn, explicit in _explicit_names.items():
-                agent.register_script(explicit, fn)
-            agent.start_serving()
-            agent.make_current()  # for the TorchScript ops (jit_ops/)
-        except BaseException:
-            agent.shutdown()
-            raise
-        workers = [WorkerInfo(r[0], r[1]) for r in records]
-        _state = _State(agent, rref_ctx, workers[rank], workers, options, rdv, (tcp, unix))
-
-
-def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):
-    """Leaves the job and stops this worker's agent.
-
-    Args:
-        graceful (bool): if True (default), first wait until this worker's own
-            calls have completed and every worker of the job has reached
-            shutdown, serving their calls meanwhile. If False, stop at once;
-            pending calls fail with ShutdownError.
-        timeout (float): seconds the graceful wait may take (default 60); the
-            agent then stops regardless and the error names what was missing.
-
-    Raises:
-        RpcTimeoutError: the graceful wait took longer than `timeout`.
-    """
-    global _state
-    with _state_lock:
-        state = _state
-        if state is None or state.closing:
-            return
-        # The worker keeps serving until every worker got here, and what it
-        # serves may use torchrpc (nested calls, RRefs): _state stays set.
-        state.closing = True
-    failure = None
-    leaked = []
-    try:
-        if graceful:
-            left = state.agent.wait_pending(timeout)
-            if left:
-                failure = errors.RpcTimeoutError(
-                    f"shutdown on {state.me.name}: {left} call(s) still pending after {timeout} s"
-                )
-            else:
-                started = time.monotonic()
-                try:
-                    state.rendezvous.barrier("shutdown", timeout)
-                    failure = _release_rrefs(state, timeout)
-                    state.rendezvous.barrier("rref-shutdown", timeout)
-                    leaked = [o for o in state.rref_ctx.snapshot()["owners"] if o[1]]
-                except Exception as err:
-                    failure = _barrier_failure(state, timeout, time.monotonic() - started, err)
-    finally:
-        state.agent.shutdown()
-        state.rref_ctx.stop()
-        state.callbacks.stop(timeout)  # runs the completions of the calls shutdown failed
-        native().reap_thread_states()  # the Python thread states of the threads that stopped
-        python_fallback.forget_sent()
-        shipped_code.forget()
-        with _state_lock:
-            _state = None
-    if failure is not None:
-        raise failure
-    if leaked:
-        warnings.warn(
-            f"shutdown on {state.me.name}: {len(leaked)} owner RRef(s) still had users after every "
-            f"worker released its RRefs (leaked): "
-            + ", ".join(f"{rid} forks={forks}" for rid, forks, *_ in leaked[:10]),
-            ResourceWarning,
-            stacklevel=2,
-        )
-
-
-def _barrier_failure(state, timeout, waited, err):
-    """The error of a graceful shutdown whose meeting of all workers failed:
-    a timeout, or the store gone (its host exited) well before it."""
-    if waited < 0.9 * timeout:
-        host = f"rank 0 ({state.workers[0].name})"
-        return errors.PeerUnreachableError(
-            f"shutdown on {state.me.name}: the rendezvous store stopped answering after "
-            f"{waited:.2f} s ({err}). With tcp:// and env:// {host} hosts it, and it has "
-            f"probably exited without shutdown(); the other workers cannot meet. Shut them "
-            f"down with shutdown(graceful=False).")
-    return errors.RpcTimeoutError(
-        f"shutdown on {state.me.name}: not every worker reached shutdown within {timeout} s ({err})")
-
-
-def _release_rrefs(state, timeout):
-    """Graceful shutdown, after every worker finished its calls: releases this
-    worker's user RRefs (USER_DELETE to their owners) and waits until the
-    owners acknowledged. Returns an error, or None."""
-    deadline = time.monotonic() + timeout
-    for _ in range(2):  # a second pass for users confirmed during the first
-        state.rref_ctx.release_all_users()
-        left = state.rref_ctx.wait_idle(max(0.0, deadline - time.monotonic()))
-        pending = state.agent.wait_pending(max(0.0, deadline - time.monotonic()))
-        if left or pending:
-            return errors.RpcTimeoutError(
-                f"shutdown on {state.me.name}: {left} RRef protocol message(s) and {pending} "
-                f"call(s) still unanswered after {timeout} s"
-            )
-    return None
-
-
-@atexit.register
-def _shutdown_at_exit():
-    # A process that forgot shutdown() still stops its threads before exiting.
-    if _state is not None:
-        shutdown(graceful=False)
-
-
-@_require_initialized
+@require_initialized
 def get_worker_info(worker_name=None):
     """Returns the WorkerInfo of `worker_name`, or of this worker if None.
 
     Raises:
         ValueError: no worker has that name.
     """
+    session = state.require()
     if worker_name is None:
-        return _state.me
-    return _resolve(worker_name, "get_worker_info")
+        return session.me
+    return session.resolve(worker_name, "get_worker_info")
 
 
-@_require_initialized
+@require_initialized
 def get_rpc_timeout():
     """The default timeout of this worker's calls, in seconds
     (``RpcOptions.rpc_timeout``; 0 means no timeout)."""
-    return _state.options.rpc_timeout
+    return state.require().options.rpc_timeout
 
 
 def is_available():
     """True: torchrpc always has RPC (``torch.distributed.rpc.is_available()``
     is False in torch builds without it)."""
     return True
-
-
-def _all_worker_infos():
-    return list(_state.workers)
-
-
-def _resolve(to, call):
-    state = _state
-    if isinstance(to, WorkerInfo):
-        if to.id < len(state.workers) and state.workers[to.id] == to:
-            return to
-        raise ValueError(f"{call}: {to} is not a worker of this job")
-    if isinstance(to, str):
-        info = state.by_name.get(to)
-        if info is None:
-            known = ", ".join(sorted(state.by_name))
-            raise ValueError(f"{call}: unknown worker {to!r}; known workers: {known}")
-        return info
-    if isinstance(to, numbers.Integral) and not isinstance(to, bool):
-        if 0 <= to < len(state.workers):
-            return state.workers[to]
-        raise ValueError(f"{call}: no worker has rank {to}; ranks are 0..{len(state.workers) - 1}")
-    raise TypeError(
-        f"{call}(to=...) expects a worker name (str), a rank (int) or a WorkerInfo; "
-        f"got {type(to).__name__}"
-    )
-
-
-def _timeout(timeout, call):
-    if timeout is None or timeout == constants.UNSET_RPC_TIMEOUT:
-        return _state.options.rpc_timeout
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-        raise TypeError(f"{call}(timeout=...) expects seconds as a number; got {type(timeout).__name__}")
-    if timeout < 0:
-        raise ValueError(f"{call}(timeout={timeout}): use seconds >= 0 (0 means no timeout) or -1 for the default")
-    return float(timeout)
 
 
 def _builtin_name(func):
@@ -345,7 +87,7 @@ def _builtin_name(func):
 
 
 def _script_name(func):
-    explicit = _explicit_names.get(func)
+    explicit = state.script_name(func)
     if explicit is not None:
         return explicit, ""
     return python_fallback.script_reference(func)
@@ -448,10 +190,7 @@ class _Future(torch.futures.Future):
 
 
 def _callbacks():
-    state = _state
-    if state is None:
-        raise errors.NotInitializedError("torchrpc shut down while a call was being set up")
-    return state.callbacks
+    return state.callbacks()
 
 
 def _identity(value):
@@ -460,8 +199,9 @@ def _identity(value):
 
 def _invoke(call_kind, to, func, args, kwargs, timeout):
     """Classifies func once and sends the call; shared by every public call."""
-    dst = _resolve(to, call_kind)
-    seconds = _timeout(timeout, call_kind)
+    session = state.require()
+    dst = session.resolve(to, call_kind)
+    seconds = session.timeout(timeout, call_kind)
     if args is None:
         args = ()
     elif not isinstance(args, (tuple, list)):
@@ -489,24 +229,25 @@ def _invoke(call_kind, to, func, args, kwargs, timeout):
 
 
 def _send(call_kind, dst, func, args, kwargs, seconds):
-    agent = _state.agent
+    session = state.require()
+    agent = session.agent
     remote = call_kind == "remote"
     if isinstance(func, str):  # a TorchScript function by the name the callee knows
         if remote:
-            return _rref.RRef._wrap(_state.rref_ctx.remote_named(dst.id, func, tuple(args), kwargs, seconds))
+            return _rref.RRef._wrap(session.rref_ctx.remote_named(dst.id, func, tuple(args), kwargs, seconds))
         call = agent.named_call(dst.name, func, tuple(args), kwargs, seconds, call_kind)
         return _Invocation(call, _identity)
     if isinstance(func, torch.jit.ScriptFunction):
         name, module = _script_name(func)
         if remote:
             return _rref.RRef._wrap(
-                _state.rref_ctx.remote_script(dst.id, name, module, func, tuple(args), kwargs, seconds))
+                session.rref_ctx.remote_script(dst.id, name, module, func, tuple(args), kwargs, seconds))
         return _script_call(call_kind, dst, func, name, module, args, kwargs, seconds)
     builtin = _builtin_name(func) if callable(func) else None
     if builtin is not None:
         if remote:
             return _rref.RRef._wrap(
-                _state.rref_ctx.remote_builtin(dst.id, builtin, tuple(args), kwargs, seconds))
+                session.rref_ctx.remote_builtin(dst.id, builtin, tuple(args), kwargs, seconds))
         call = agent.builtin_call(dst.id, builtin, tuple(args), kwargs, seconds, call_kind)
         return _Invocation(call, _identity)
     if not callable(func):
@@ -516,7 +257,7 @@ def _send(call_kind, dst, func, args, kwargs, seconds):
         payload, tensors, name, forks = python_fallback.encode_call(func, dst.id, args, kwargs, force_full=True,
                                                                     request=False)
         with _forks_cancelled_on_error(forks):
-            return _rref.RRef._wrap(_state.rref_ctx.remote_python(dst.id, payload, tensors, seconds, name))
+            return _rref.RRef._wrap(session.rref_ctx.remote_python(dst.id, payload, tensors, seconds, name))
 
     return _python_call(call_kind, dst, func, args, kwargs, seconds)
 
@@ -525,7 +266,7 @@ def _script_call(call_kind, dst, func, name, module, args, kwargs, seconds, ship
     # Resent once with the function's code if the callee does not have it
     # (a plain function, like _python_call, so no cycle keeps the arguments).
     shipped = shipped_code.with_code(func, dst.id) if ship_code else shipped_code.reference(func, dst.id)
-    call = _state.agent.script_call(dst.id, name, module, func, tuple(args), kwargs, seconds, call_kind, shipped)
+    call = state.require().agent.script_call(dst.id, name, module, func, tuple(args), kwargs, seconds, call_kind, shipped)
     resend = None if ship_code else functools.partial(
         _script_call, call_kind, dst, func, name, module, args, kwargs, seconds, True)
     return _Invocation(call, _identity, resend)
@@ -546,10 +287,11 @@ def _python_call(call_kind, dst, func, args, kwargs, seconds, force_full=False):
     # A plain function, not a closure that refers to itself: such a cycle would
     # keep the arguments (tensors, RRefs) alive until the garbage collector ran.
     payload, tensors, name, forks = python_fallback.encode_call(func, dst.id, args, kwargs, force_full)
+    session = state.require()
     with _forks_cancelled_on_error(forks):
-        call = _state.agent.python_call(dst.id, payload, tensors, seconds, call_kind, name)
+        call = session.agent.python_call(dst.id, payload, tensors, seconds, call_kind, name)
     if forks:  # RRefs sent to their owner: released when it answers
-        _state.rref_ctx.release_when_answered(call, forks)
+        session.rref_ctx.release_when_answered(call, forks)
     resend = None if force_full else functools.partial(
         _python_call, call_kind, dst, func, args, kwargs, seconds, True)
     return _Invocation(call, python_fallback.decode_result, resend)
@@ -565,15 +307,15 @@ def _method_call(call_kind, rref, name, args, kwargs, timeout):
     None when an argument is not plain (python_fallback::plainIValue), the
     RRef is the owner's own, or torchrpc is not running: the caller then
     sends the pickled call."""
-    state = _state
-    if state is None or rref._handle.is_owner():  # the owner's own proxy: a pickled call to itself
+    session = state.current()
+    if session is None or rref._handle.is_owner():  # the owner's own proxy: a pickled call to itself
         return None
-    seconds = _timeout(timeout, call_kind)
-    call = state.rref_ctx.method_call(rref._handle, name, args, kwargs, seconds, call_kind)
+    seconds = session.timeout(timeout, call_kind)
+    call = session.rref_ctx.method_call(rref._handle, name, args, kwargs, seconds, call_kind)
     return None if call is None else _Invocation(call, python_fallback.decode_value)
 
 
-@_require_initialized
+@require_initialized
 def rpc_sync(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIMEOUT):
     """Runs ``func(*args, **kwargs)`` on worker `to` and returns its result.
 
@@ -610,7 +352,7 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIMEO
     return _invoke("rpc_sync", to, func, args, kwargs, timeout).wait()
 
 
-@_require_initialized
+@require_initialized
 def rpc_async(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIMEOUT):
     """Like :func:`rpc_sync`, but returns at once with a ``torch.futures.Future``.
 
@@ -631,7 +373,7 @@ def rpc_async(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIME
     return _invoke("rpc_async", to, func, args, kwargs, timeout).future()
 
 
-@_require_initialized
+@require_initialized
 def remote(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIMEOUT):
     """Runs ``func(*args, **kwargs)`` on worker `to`, which keeps the result;
     returns an :class:`RRef` to it at once.
@@ -674,7 +416,6 @@ def remote(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIMEOUT
     """
     return _invoke("remote", to, func, args, kwargs, timeout)
 
-
 jit_ops.bind(rpc_sync, jit_ops.rpc_sync)
 jit_ops.bind(rpc_async, jit_ops.rpc_async)
 jit_ops.bind(remote, jit_ops.remote)
@@ -709,23 +450,22 @@ def register(name, fn):
         )
     if not isinstance(name, str) or not name:
         raise TypeError("torchrpc.register(name, fn) expects a non-empty str name")
-    _explicit_names[fn] = name
-    if _state is not None:
-        _state.agent.register_script(name, fn)
+    state.register_script(name, fn)
 
 
 def _debug_info():
     """Counters for tests and debugging: pending calls and open connections."""
-    if _state is None:
+    session = state.current()
+    if session is None:
         return {"initialized": False, "pending_requests": 0, "connections": 0}
-    rrefs = _state.rref_ctx.snapshot()
+    rrefs = session.rref_ctx.snapshot()
     return {
         "initialized": True,
-        "worker": _state.me.name,
-        "pending_requests": _state.agent.pending_count(),
-        "connections": _state.agent.connection_count(),
-        "addresses": _state.addresses,
-        "script_functions": sorted(_state.agent.script_names()),
+        "worker": session.me.name,
+        "pending_requests": session.agent.pending_count(),
+        "connections": session.agent.connection_count(),
+        "addresses": session.addresses,
+        "script_functions": sorted(session.agent.script_names()),
         "owner_rrefs": len(rrefs["owner_objects"]),
         "user_rrefs": len(rrefs["users"]),
         "rref_messages_in_flight": rrefs["in_flight"],

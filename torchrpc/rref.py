@@ -34,7 +34,7 @@ Example::
 
 import torch
 
-from torchrpc import constants, errors, functions, python_fallback
+from torchrpc import constants, errors, functions, python_fallback, state
 from torchrpc._extension import native
 
 
@@ -42,16 +42,6 @@ def _api():
     from torchrpc import api
 
     return api
-
-
-def _context(what):
-    api = _api()
-    state = api._state
-    if state is None:
-        raise errors.NotInitializedError(
-            f"{what}: torchrpc is not initialized in this process; call torchrpc.init_rpc() first."
-        )
-    return state
 
 
 class RRef:
@@ -75,8 +65,7 @@ class RRef:
     __slots__ = ("_handle", "__weakref__")
 
     def __init__(self, value, type_hint=None):
-        state = _context("RRef(value)")
-        self._handle = state.rref_ctx.create_owner(value)
+        self._handle = state.require("RRef(value)").rref_ctx.create_owner(value)
 
     @classmethod
     def _wrap(cls, handle):
@@ -121,8 +110,7 @@ class RRef:
 
     def owner(self):
         """The owner's :class:`WorkerInfo`."""
-        state = _context("RRef.owner()")
-        return state.workers[self._handle.owner()]
+        return state.require("RRef.owner()").workers[self._handle.owner()]
 
     def owner_name(self):
         """The owner's worker name."""
@@ -154,9 +142,9 @@ class RRef:
             raise RuntimeError(
                 f"local_value() can only be called on the owner of an RRef; this RRef "
                 f"({self._handle.id()}) is owned by {self.owner_name()!r} and this worker is "
-                f"{_context('local_value').me.name!r}. Use to_here() to copy the value here."
+                f"{state.require('local_value').me.name!r}. Use to_here() to copy the value here."
             )
-        return self._owner_value(_context("RRef.local_value()").options.rpc_timeout)
+        return self._owner_value(state.require("RRef.local_value()").options.rpc_timeout)
 
     def _owner_value(self, seconds):
         ok, value = self._handle.local_value(seconds)
@@ -177,9 +165,8 @@ class RRef:
             Exception: creating the value raised on the owner; re-raised with
                 its type, a message naming the owner, and the owner's traceback.
         """
-        api = _api()
-        state = _context("RRef.to_here()")
-        seconds = api._timeout(timeout, "to_here")
+        session = state.require("RRef.to_here()")
+        seconds = session.timeout(timeout, "to_here")
         if self._handle.is_owner():
             return self._owner_value(seconds)
         failure = self._handle.creation_error()
@@ -187,7 +174,7 @@ class RRef:
             kind, message, remote_type, tb = failure
             raise errors.from_native((kind, f"remote() of RRef {self._handle.id()} on "
                                       f"{self.owner_name()} failed: {message}", remote_type, tb))
-        ok, value = state.rref_ctx.fetch(self._handle, seconds).result()
+        ok, value = session.rref_ctx.fetch(self._handle, seconds).result()
         if not ok:
             raise errors.from_native(value)
         return python_fallback.decode_value(value)
@@ -234,7 +221,7 @@ class RRef:
     def _fork(self, request_to=-1):
         """Fork data for sending this RRef to another worker (see python_fallback);
         `request_to`: the callee's rank, when it goes in a request."""
-        return _context("sending an RRef").rref_ctx.fork(self._handle, request_to)
+        return state.require("sending an RRef").rref_ctx.fork(self._handle, request_to)
 
     def __reduce__(self):
         raise TypeError(
@@ -243,9 +230,9 @@ class RRef:
         )
 
     def __repr__(self):
-        state = _api()._state
+        session = state.current()
         owner = self._handle.owner()
-        name = state.workers[owner].name if state is not None and owner < len(state.workers) else owner
+        name = session.workers[owner].name if session is not None and owner < len(session.workers) else owner
         if self._handle.is_owner():
             return f"OwnerRRef(owner={name}, id={self._handle.id()})"
         return f"UserRRef(owner={name}, id={self._handle.id()}, fork={self._handle.fork_id()})"
@@ -268,14 +255,14 @@ def _backward_on_owner(rref, context_id, retain_graph):
 
 def _receive(fork_data):
     """Unpickling: the RRef that fork_data names, on this worker."""
-    return RRef._wrap(_context("receiving an RRef").rref_ctx.receive(fork_data))
+    return RRef._wrap(state.require("receiving an RRef").rref_ctx.receive(fork_data))
 
 
 def _cancel(fork_data):
     """A pickle holding this fork was not sent: undo the fork."""
-    state = _api()._state
-    if state is not None:
-        state.rref_ctx.cancel_fork(fork_data)
+    session = state.current()
+    if session is not None:
+        session.rref_ctx.cancel_fork(fork_data)
 
 
 def _from_script_object(obj):
@@ -367,15 +354,15 @@ def _live_rrefs():
     ``pending_children`` (fork ids awaiting confirmation); ``in_flight``
     (protocol messages not yet answered).
     """
-    state = _api()._state
-    if state is None:
+    session = state.current()
+    if session is None:
         return {"owners": [], "owner_objects": [], "users": [], "pending_users": [],
                 "pending_children": [], "in_flight": 0}
-    return state.rref_ctx.snapshot()
+    return session.rref_ctx.snapshot()
 
 
 def _wait_idle(timeout=10.0):
     """Waits until this worker's RRef protocol messages were answered; returns
     how many are still in flight."""
-    state = _api()._state
-    return 0 if state is None else state.rref_ctx.wait_idle(timeout)
+    session = state.current()
+    return 0 if session is None else session.rref_ctx.wait_idle(timeout)

@@ -226,7 +226,7 @@ def test_unseen_script_function_inside_python_arguments_fails_clearly(unseen):
 def test_shipped_code_hash_or_format_mismatch_is_refused(unseen):
     from torchrpc import shipped_code
 
-    agent = rpc.api._state.agent
+    agent = rpc.state.current().agent
     fmt, digest, code = shipped_code.with_code(unseen.helper, 1)
     for shipped, match in [
         ((fmt, "0" * 40, code), "refusing to run it"),
