@@ -34,14 +34,9 @@ Example::
 
 import torch
 
-from torchrpc import constants, errors, functions, python_fallback, state
+from torchrpc import autograd, constants, dispatch, errors, functions, python_fallback, state
 from torchrpc._extension import native
-
-
-def _api():
-    from torchrpc import api
-
-    return api
+from torchrpc.invocation import Invocation
 
 
 class RRef:
@@ -212,16 +207,24 @@ class RRef:
         local ``value.backward()`` on the owner.
         """
         if not self.is_owner():
-            return _api().rpc_sync(self.owner(), _backward_on_owner,
-                                   args=(self, dist_autograd_ctx_id, retain_graph))
+            args = (self, dist_autograd_ctx_id, retain_graph)
+            return dispatch.invoke("rpc_sync", self.owner(), _backward_on_owner, args).wait()
         return _backward_on_owner(self, dist_autograd_ctx_id, retain_graph)
 
-    # ---- pickling -----------------------------------------------------------
+    # ---- pickling and conversion, as the lower layers see an RRef ----------
 
     def _fork(self, request_to=-1):
-        """Fork data for sending this RRef to another worker (see python_fallback);
+        """Fork data for sending this RRef to another worker;
         `request_to`: the callee's rank, when it goes in a request."""
         return state.require("sending an RRef").rref_ctx.fork(self._handle, request_to)
+
+    def _torchrpc_reference(self, request_to):
+        """python_fallback's pickler: (rebuild, fork), rebuilt by rebuild(fork)."""
+        return _receive, self._fork(request_to)
+
+    def _torchrpc_script_value(self):
+        """dispatch's retry for TorchScript and builtin callees: the TorchScript RRef."""
+        return self.to_script()
 
     def __reduce__(self):
         raise TypeError(
@@ -239,10 +242,6 @@ class RRef:
 
 
 def _backward_on_owner(rref, context_id, retain_graph):
-    import torch
-
-    from torchrpc import autograd
-
     value = rref.local_value()
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"RRef.backward() needs an RRef of a tensor; {rref!r} holds a "
@@ -258,42 +257,10 @@ def _receive(fork_data):
     return RRef._wrap(state.require("receiving an RRef").rref_ctx.receive(fork_data))
 
 
-def _cancel(fork_data):
-    """A pickle holding this fork was not sent: undo the fork."""
-    session = state.current()
-    if session is not None:
-        session.rref_ctx.cancel_fork(fork_data)
-
-
 def _from_script_object(obj):
-    """The torchrpc.RRef of a TorchScript RRef object, or None (python_fallback)."""
+    """The torchrpc.RRef of a TorchScript RRef object, or None."""
     handle = native().rref_of_script_object(obj)
     return None if handle is None else RRef._wrap(handle)
-
-
-python_fallback._rref_type = RRef
-python_fallback._rref_receive = _receive
-python_fallback._rref_cancel = _cancel
-python_fallback._rref_from_script = _from_script_object
-
-
-def _to_script_values(value):
-    """`value` with every RRef (inside tuples, lists, dicts) replaced by its
-    TorchScript object, or None when it holds no RRef."""
-    if type(value) is RRef:
-        return value.to_script()
-    if isinstance(value, (tuple, list)):
-        items = [_to_script_values(v) for v in value]
-        if all(i is None for i in items):
-            return None
-        out = [v if i is None else i for v, i in zip(value, items)]
-        return type(value)(out) if type(value) in (tuple, list) else tuple(out)
-    if isinstance(value, dict):
-        items = {k: _to_script_values(v) for k, v in value.items()}
-        if all(i is None for i in items.values()):
-            return None
-        return {k: (v if items[k] is None else items[k]) for k, v in value.items()}
-    return None
 
 
 def _script_class_type():
@@ -304,7 +271,8 @@ def _script_class_type():
 
 try:
     # `torchrpc.RRef` in an annotation of scripted code means the TorchScript
-    # RRef; Python RRefs passed where TorchScript expects Any infer that type.
+    # RRef; Python RRefs passed where TorchScript expects Any infer that type,
+    # and python_fallback finds RRef here when it pickles a TorchScript RRef.
     torch.jit._state._add_script_class(RRef, _script_class_type())
 except Exception:  # pragma: no cover - the native core failed to load; native() says why
     pass
@@ -318,6 +286,21 @@ def _invoke_method(rref, name, args, kwargs):
     return functions.Deferred(result) if functions.is_async_execution(method) else result
 
 
+def _method_call(call_kind, rref, name, args, kwargs, timeout):
+    """A proxy's call rref.<call_kind>().name(*args, **kwargs) as an
+    RREF_METHOD_CALL: the arguments travel as IValues and the owner calls the
+    method on its value, with no pickle and no fork of the RRef (faster than
+    the pickled call). None when an argument is not plain
+    (python_fallback::plainIValue), the RRef is the owner's own, or torchrpc
+    is not running: the caller then sends the pickled call."""
+    session = state.current()
+    if session is None or rref._handle.is_owner():  # the owner's own proxy: a pickled call to itself
+        return None
+    seconds = session.timeout(timeout, call_kind)
+    call = session.rref_ctx.method_call(rref._handle, name, args, kwargs, seconds, call_kind)
+    return None if call is None else Invocation(call, python_fallback.decode_value)
+
+
 class _Proxy:
     __slots__ = ("_rref", "_kind", "_timeout")
 
@@ -328,15 +311,16 @@ class _Proxy:
 
     def __getattr__(self, name):
         rref, kind, timeout = self._rref, self._kind, self._timeout
-        call = getattr(_api(), kind)
 
         def method(*args, **kwargs):
-            if kind != "remote":
-                # Plain arguments: sent as IValues, not pickled (see _api()._method_call).
-                invocation = _api()._method_call(kind, rref, name, args, kwargs, timeout)
-                if invocation is not None:
-                    return invocation.wait() if kind == "rpc_sync" else invocation.future()
-            return call(rref.owner(), _invoke_method, args=(rref, name, args, kwargs), timeout=timeout)
+            pickled = (rref, name, args, kwargs)
+            if kind == "remote":
+                return RRef._wrap(dispatch.invoke(kind, rref.owner(), _invoke_method, pickled, None, timeout))
+            # Plain arguments: sent as IValues, not pickled (see _method_call).
+            invocation = _method_call(kind, rref, name, args, kwargs, timeout)
+            if invocation is None:
+                invocation = dispatch.invoke(kind, rref.owner(), _invoke_method, pickled, None, timeout)
+            return invocation.wait() if kind == "rpc_sync" else invocation.future()
 
         method.__name__ = name
         return method
