@@ -125,8 +125,9 @@ def owner_rref_count():
     """Live owner RRefs on this worker, for either library."""
     try:
         import torchrpc.rref
+        import torchrpc.state
 
-        if torchrpc.api._state is not None:
+        if torchrpc.state.current() is not None:
             return len(torchrpc.rref._live_rrefs()["owner_objects"])
     except ImportError:
         pass

@@ -27,19 +27,12 @@ import numbers
 
 import torch
 
-from torchrpc import errors
+from torchrpc import errors, state
 from torchrpc._extension import native
 
 
 def _agent(what):
-    from torchrpc import api
-
-    state = api._state
-    if state is None:
-        raise errors.NotInitializedError(
-            f"{what}: torchrpc is not initialized in this process; call torchrpc.init_rpc() first."
-        )
-    return state.agent
+    return state.require(what).agent
 
 
 def _check_context_id(context_id, what):

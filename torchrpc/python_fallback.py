@@ -6,7 +6,10 @@ Functions that pickle by reference (importable module-level functions) are
 pickled once and cached; closures and lambdas are pickled on every call, so
 their captured values are always current, and still sent by hash when the
 bytes are unchanged. Arguments and results use Python's pickle, with tensors
-taken out and sent as raw bytes beside it.
+taken out and sent as raw bytes beside it. An object that travels by
+reference (an RRef) has ``_torchrpc_reference(request_to)``, which returns
+``(rebuild, fork)``: the pickle carries the fork and names ``rebuild``, which
+makes the object again on the receiver, so this module never imports RRef.
 
 Callee side (:func:`handle_call`, run by the native bridge under the GIL):
 unpickle, run, pickle the result, or report the exception with its type,
@@ -30,7 +33,7 @@ import types
 import cloudpickle
 import torch
 
-from torchrpc import errors, functions
+from torchrpc import errors, functions, state
 
 
 _lock = threading.Lock()
@@ -38,13 +41,6 @@ _by_reference_cache = {}  # function -> (hash, bytes)
 _sent = set()  # (peer rank, hash) pairs the peer has received in full
 _received = {}  # hash -> function (callee side)
 _MAX_RECEIVED = 4096
-
-# Set by torchrpc.rref (which imports this module): the RRef class, and the
-# function that turns fork data back into an RRef on the receiver.
-_rref_type = None
-_rref_receive = None
-_rref_cancel = None  # undoes the forks of a pickle that was not sent
-_rref_from_script = None  # torch.ScriptObject -> RRef or None
 
 
 # ---- pickling with tensors out of band -------------------------------------
@@ -79,12 +75,24 @@ class _Pickler(pickle.Pickler):
         if isinstance(obj, torch.jit.ScriptFunction):
             return ("script", *script_reference(obj))  # the receiver resolves it by name
         if kind is torch.ScriptObject:  # a TorchScript RRef travels as the RRef
-            obj = _rref_from_script(obj) or obj
-        if type(obj) is _rref_type:
-            fork = obj._fork(self._request_to)  # the RRef protocol's fork (csrc/rref)
+            obj = _python_face(obj)
+            kind = type(obj)
+        reference = getattr(kind, "_torchrpc_reference", None)
+        if reference is not None:  # an RRef: its fork (csrc/rref), rebuilt by `rebuild`
+            rebuild, fork = reference(obj, self._request_to)
             self._forks.append(fork)
-            return ("rref", fork)
+            return ("ref", rebuild, fork)
         return None
+
+
+def _python_face(obj):
+    """A TorchScript object as an instance of the Python class registered for
+    its type, when that class travels by reference (torchrpc.rref registers
+    RRef for torch.classes.torchrpc.RRef); otherwise obj itself."""
+    cls = torch.jit._state._get_python_class(obj._type().qualified_name())
+    if cls is None or not hasattr(cls, "_torchrpc_reference"):
+        return obj
+    return cls.from_script(obj)
 
 
 class _CloudPickler(cloudpickle.CloudPickler):
@@ -103,8 +111,8 @@ class _Unpickler(pickle.Unpickler):
         self._tensors = tensors
 
     def persistent_load(self, pid):
-        if pid[0] == "rref":
-            return _rref_receive(pid[1])
+        if pid[0] == "ref":
+            return pid[1](pid[2])  # e.g. torchrpc.rref._receive(fork)
         if pid[0] == "script":
             try:
                 fn = resolve_script(pid[1], pid[2])
@@ -156,8 +164,10 @@ def _cancel_forks(pickler):
 
 def cancel_forks(forks):
     """Undoes the RRef forks of a pickle that will not be sent."""
-    for fork in forks:
-        _rref_cancel(fork)
+    session = state.current()
+    if session is not None:
+        for fork in forks:
+            session.rref_ctx.cancel_fork(fork)
 
 
 def loads(data, tensors):

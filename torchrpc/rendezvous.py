@@ -3,7 +3,7 @@
 This module opens the store (``env://``, ``tcp://``, ``file://`` or an
 explicit one) and validates names; the protocol on the store (each worker
 publishes its name, rank, addresses and host id; barriers) is in C++
-(csrc/rendezvous), shared with C++ workers.
+(csrc/rendezvous), run by the Worker (csrc/worker), shared with C++ workers.
 """
 
 import datetime
@@ -115,10 +115,3 @@ def open_store(options, rank, world_size):
     store.set_timeout(timeout)
     return store, rank, world_size
 
-
-def Rendezvous(store, rank, world_size):
-    """The job's table of workers and its barriers on `store`: implemented
-    once in C++ (csrc/rendezvous), shared with C++ workers."""
-    from torchrpc._extension import native
-
-    return native().Rendezvous(store, rank, world_size)

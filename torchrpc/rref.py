@@ -34,24 +34,9 @@ Example::
 
 import torch
 
-from torchrpc import constants, errors, functions, python_fallback
+from torchrpc import autograd, constants, dispatch, errors, functions, python_fallback, state
 from torchrpc._extension import native
-
-
-def _api():
-    from torchrpc import api
-
-    return api
-
-
-def _context(what):
-    api = _api()
-    state = api._state
-    if state is None:
-        raise errors.NotInitializedError(
-            f"{what}: torchrpc is not initialized in this process; call torchrpc.init_rpc() first."
-        )
-    return state
+from torchrpc.invocation import Invocation
 
 
 class RRef:
@@ -75,8 +60,7 @@ class RRef:
     __slots__ = ("_handle", "__weakref__")
 
     def __init__(self, value, type_hint=None):
-        state = _context("RRef(value)")
-        self._handle = state.rref_ctx.create_owner(value)
+        self._handle = state.require("RRef(value)").rref_ctx.create_owner(value)
 
     @classmethod
     def _wrap(cls, handle):
@@ -121,8 +105,7 @@ class RRef:
 
     def owner(self):
         """The owner's :class:`WorkerInfo`."""
-        state = _context("RRef.owner()")
-        return state.workers[self._handle.owner()]
+        return state.require("RRef.owner()").workers[self._handle.owner()]
 
     def owner_name(self):
         """The owner's worker name."""
@@ -154,9 +137,9 @@ class RRef:
             raise RuntimeError(
                 f"local_value() can only be called on the owner of an RRef; this RRef "
                 f"({self._handle.id()}) is owned by {self.owner_name()!r} and this worker is "
-                f"{_context('local_value').me.name!r}. Use to_here() to copy the value here."
+                f"{state.require('local_value').me.name!r}. Use to_here() to copy the value here."
             )
-        return self._owner_value(_context("RRef.local_value()").options.rpc_timeout)
+        return self._owner_value(state.require("RRef.local_value()").options.rpc_timeout)
 
     def _owner_value(self, seconds):
         ok, value = self._handle.local_value(seconds)
@@ -177,9 +160,8 @@ class RRef:
             Exception: creating the value raised on the owner; re-raised with
                 its type, a message naming the owner, and the owner's traceback.
         """
-        api = _api()
-        state = _context("RRef.to_here()")
-        seconds = api._timeout(timeout, "to_here")
+        session = state.require("RRef.to_here()")
+        seconds = session.timeout(timeout, "to_here")
         if self._handle.is_owner():
             return self._owner_value(seconds)
         failure = self._handle.creation_error()
@@ -187,7 +169,7 @@ class RRef:
             kind, message, remote_type, tb = failure
             raise errors.from_native((kind, f"remote() of RRef {self._handle.id()} on "
                                       f"{self.owner_name()} failed: {message}", remote_type, tb))
-        ok, value = state.rref_ctx.fetch(self._handle, seconds).result()
+        ok, value = session.rref_ctx.fetch(self._handle, seconds).result()
         if not ok:
             raise errors.from_native(value)
         return python_fallback.decode_value(value)
@@ -225,16 +207,24 @@ class RRef:
         local ``value.backward()`` on the owner.
         """
         if not self.is_owner():
-            return _api().rpc_sync(self.owner(), _backward_on_owner,
-                                   args=(self, dist_autograd_ctx_id, retain_graph))
+            args = (self, dist_autograd_ctx_id, retain_graph)
+            return dispatch.invoke("rpc_sync", self.owner(), _backward_on_owner, args).wait()
         return _backward_on_owner(self, dist_autograd_ctx_id, retain_graph)
 
-    # ---- pickling -----------------------------------------------------------
+    # ---- pickling and conversion, as the lower layers see an RRef ----------
 
     def _fork(self, request_to=-1):
-        """Fork data for sending this RRef to another worker (see python_fallback);
+        """Fork data for sending this RRef to another worker;
         `request_to`: the callee's rank, when it goes in a request."""
-        return _context("sending an RRef").rref_ctx.fork(self._handle, request_to)
+        return state.require("sending an RRef").rref_ctx.fork(self._handle, request_to)
+
+    def _torchrpc_reference(self, request_to):
+        """python_fallback's pickler: (rebuild, fork), rebuilt by rebuild(fork)."""
+        return _receive, self._fork(request_to)
+
+    def _torchrpc_script_value(self):
+        """dispatch's retry for TorchScript and builtin callees: the TorchScript RRef."""
+        return self.to_script()
 
     def __reduce__(self):
         raise TypeError(
@@ -243,19 +233,15 @@ class RRef:
         )
 
     def __repr__(self):
-        state = _api()._state
+        session = state.current()
         owner = self._handle.owner()
-        name = state.workers[owner].name if state is not None and owner < len(state.workers) else owner
+        name = session.workers[owner].name if session is not None and owner < len(session.workers) else owner
         if self._handle.is_owner():
             return f"OwnerRRef(owner={name}, id={self._handle.id()})"
         return f"UserRRef(owner={name}, id={self._handle.id()}, fork={self._handle.fork_id()})"
 
 
 def _backward_on_owner(rref, context_id, retain_graph):
-    import torch
-
-    from torchrpc import autograd
-
     value = rref.local_value()
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"RRef.backward() needs an RRef of a tensor; {rref!r} holds a "
@@ -268,45 +254,13 @@ def _backward_on_owner(rref, context_id, retain_graph):
 
 def _receive(fork_data):
     """Unpickling: the RRef that fork_data names, on this worker."""
-    return RRef._wrap(_context("receiving an RRef").rref_ctx.receive(fork_data))
-
-
-def _cancel(fork_data):
-    """A pickle holding this fork was not sent: undo the fork."""
-    state = _api()._state
-    if state is not None:
-        state.rref_ctx.cancel_fork(fork_data)
+    return RRef._wrap(state.require("receiving an RRef").rref_ctx.receive(fork_data))
 
 
 def _from_script_object(obj):
-    """The torchrpc.RRef of a TorchScript RRef object, or None (python_fallback)."""
+    """The torchrpc.RRef of a TorchScript RRef object, or None."""
     handle = native().rref_of_script_object(obj)
     return None if handle is None else RRef._wrap(handle)
-
-
-python_fallback._rref_type = RRef
-python_fallback._rref_receive = _receive
-python_fallback._rref_cancel = _cancel
-python_fallback._rref_from_script = _from_script_object
-
-
-def _to_script_values(value):
-    """`value` with every RRef (inside tuples, lists, dicts) replaced by its
-    TorchScript object, or None when it holds no RRef."""
-    if type(value) is RRef:
-        return value.to_script()
-    if isinstance(value, (tuple, list)):
-        items = [_to_script_values(v) for v in value]
-        if all(i is None for i in items):
-            return None
-        out = [v if i is None else i for v, i in zip(value, items)]
-        return type(value)(out) if type(value) in (tuple, list) else tuple(out)
-    if isinstance(value, dict):
-        items = {k: _to_script_values(v) for k, v in value.items()}
-        if all(i is None for i in items.values()):
-            return None
-        return {k: (v if items[k] is None else items[k]) for k, v in value.items()}
-    return None
 
 
 def _script_class_type():
@@ -317,7 +271,8 @@ def _script_class_type():
 
 try:
     # `torchrpc.RRef` in an annotation of scripted code means the TorchScript
-    # RRef; Python RRefs passed where TorchScript expects Any infer that type.
+    # RRef; Python RRefs passed where TorchScript expects Any infer that type,
+    # and python_fallback finds RRef here when it pickles a TorchScript RRef.
     torch.jit._state._add_script_class(RRef, _script_class_type())
 except Exception:  # pragma: no cover - the native core failed to load; native() says why
     pass
@@ -331,6 +286,21 @@ def _invoke_method(rref, name, args, kwargs):
     return functions.Deferred(result) if functions.is_async_execution(method) else result
 
 
+def _method_call(call_kind, rref, name, args, kwargs, timeout):
+    """A proxy's call rref.<call_kind>().name(*args, **kwargs) as an
+    RREF_METHOD_CALL: the arguments travel as IValues and the owner calls the
+    method on its value, with no pickle and no fork of the RRef (faster than
+    the pickled call). None when an argument is not plain
+    (python_fallback::plainIValue), the RRef is the owner's own, or torchrpc
+    is not running: the caller then sends the pickled call."""
+    session = state.current()
+    if session is None or rref._handle.is_owner():  # the owner's own proxy: a pickled call to itself
+        return None
+    seconds = session.timeout(timeout, call_kind)
+    call = session.rref_ctx.method_call(rref._handle, name, args, kwargs, seconds, call_kind)
+    return None if call is None else Invocation(call, python_fallback.decode_value)
+
+
 class _Proxy:
     __slots__ = ("_rref", "_kind", "_timeout")
 
@@ -341,15 +311,16 @@ class _Proxy:
 
     def __getattr__(self, name):
         rref, kind, timeout = self._rref, self._kind, self._timeout
-        call = getattr(_api(), kind)
 
         def method(*args, **kwargs):
-            if kind != "remote":
-                # Plain arguments: sent as IValues, not pickled (see _api()._method_call).
-                invocation = _api()._method_call(kind, rref, name, args, kwargs, timeout)
-                if invocation is not None:
-                    return invocation.wait() if kind == "rpc_sync" else invocation.future()
-            return call(rref.owner(), _invoke_method, args=(rref, name, args, kwargs), timeout=timeout)
+            pickled = (rref, name, args, kwargs)
+            if kind == "remote":
+                return RRef._wrap(dispatch.invoke(kind, rref.owner(), _invoke_method, pickled, None, timeout))
+            # Plain arguments: sent as IValues, not pickled (see _method_call).
+            invocation = _method_call(kind, rref, name, args, kwargs, timeout)
+            if invocation is None:
+                invocation = dispatch.invoke(kind, rref.owner(), _invoke_method, pickled, None, timeout)
+            return invocation.wait() if kind == "rpc_sync" else invocation.future()
 
         method.__name__ = name
         return method
@@ -367,15 +338,15 @@ def _live_rrefs():
     ``pending_children`` (fork ids awaiting confirmation); ``in_flight``
     (protocol messages not yet answered).
     """
-    state = _api()._state
-    if state is None:
+    session = state.current()
+    if session is None:
         return {"owners": [], "owner_objects": [], "users": [], "pending_users": [],
                 "pending_children": [], "in_flight": 0}
-    return state.rref_ctx.snapshot()
+    return session.rref_ctx.snapshot()
 
 
 def _wait_idle(timeout=10.0):
     """Waits until this worker's RRef protocol messages were answered; returns
     how many are still in flight."""
-    state = _api()._state
-    return 0 if state is None else state.rref_ctx.wait_idle(timeout)
+    session = state.current()
+    return 0 if session is None else session.rref_ctx.wait_idle(timeout)

@@ -153,12 +153,12 @@ def test_proxy_calls_with_plain_arguments_skip_pickling():
     # owner's own proxies, as a pickled call.
     obj = rpc.remote("worker1", funcs.Echo)
     for v in PLAIN_VALUES:
-        invocation = rpc.api._method_call("rpc_sync", obj, "value", (v,), {}, -1)
+        invocation = rpc.rref._method_call("rpc_sync", obj, "value", (v,), {}, -1)
         assert invocation is not None and same(invocation.wait(), v), v
     for v in OTHER_VALUES:
-        assert rpc.api._method_call("rpc_sync", obj, "value", (v,), {}, -1) is None, v
-    assert rpc.api._method_call("rpc_sync", obj, "value", (1,), {"rref": obj}, -1) is None
-    assert rpc.api._method_call("rpc_sync", rpc.RRef(funcs.Echo()), "value", (1,), {}, -1) is None
+        assert rpc.rref._method_call("rpc_sync", obj, "value", (v,), {}, -1) is None, v
+    assert rpc.rref._method_call("rpc_sync", obj, "value", (1,), {"rref": obj}, -1) is None
+    assert rpc.rref._method_call("rpc_sync", rpc.RRef(funcs.Echo()), "value", (1,), {}, -1) is None
 
 
 def test_proxy_calls_keep_requires_grad_outside_a_context():

@@ -227,7 +227,7 @@ def test_shipped_code_hash_or_format_mismatch_is_refused(unseen):
     from torchrpc import shipped_code
     from torchrpc._extension import native
 
-    agent = rpc.api._state.agent
+    agent = rpc.state.current().agent
     fmt, digest, code = shipped_code.with_code(unseen.helper, 1)
     for shipped, match in [
         ((fmt, "0" * 40, code), "refusing to run it"),

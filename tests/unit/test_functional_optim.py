@@ -258,7 +258,7 @@ def test_is_script_object_with_step_method():
     functional = FunctionalSGD(params, 0.5)
     assert isinstance(functional, torch.ScriptObject)
     assert functional._type().qualified_name() == (
-        "__torch__.torchrpc.optim.functional.FunctionalSGD"
+        "__torch__.torchrpc.optim.functional.sgd.FunctionalSGD"
     )
     assert FunctionalSGD.is_instance(functional)
     assert not FunctionalAdam.is_instance(functional)

@@ -21,7 +21,7 @@ import threading
 
 import torch
 
-from torchrpc import api, autograd, constants, errors
+from torchrpc import api, autograd, dispatch
 from torchrpc._extension import native
 from torchrpc.optim import functional
 
@@ -100,10 +100,9 @@ class DistributedOptimizer:
                  for (owner, opt), fid in zip(self._locals, self._functional_ids)]
         # The other owners first, so that they step while this one does. Their
         # calls are waited for directly (Invocation.wait polls before it
-        # sleeps), not through torch futures: a future's completion hops
-        # through the callback thread, and its wait never polls.
-        remote = [api._invoke("rpc_async", owner, fn, args, None, constants.UNSET_RPC_TIMEOUT)
-                  for owner, fn, args in calls if owner != me]
+        # sleeps), not through rpc_async's futures: a call that completes
+        # during the local step would settle its future on the callback thread.
+        remote = [dispatch.invoke("rpc_async", owner, fn, args) for owner, fn, args in calls if owner != me]
         failures = [_failure_of(fn, args) for owner, fn, args in calls if owner == me]  # no RPC to itself
         failures += [_failure_of(call.wait, ()) for call in remote]
         failure = next((f for f in failures if f is not None), None)

@@ -1,0 +1,214 @@
+"""The caller's one dispatch: classify a callee once, then send the call or
+make it a ``remote()``.
+
+A callee is a TorchScript function by the name the callee knows (a str), a
+``torch.jit.ScriptFunction``, a builtin operator, or any other callable
+(pickled with cloudpickle, :mod:`torchrpc.python_fallback`). Each kind is one
+class below that builds the call's message; :func:`_start` then sends it
+(rpc_sync, rpc_async: an :class:`~torchrpc.invocation.Invocation`) or makes
+it a remote() (the new RRef's native handle, which :mod:`torchrpc.rref`
+wraps).
+"""
+
+import contextlib
+import functools
+
+import torch
+
+from torchrpc import constants, python_fallback, shipped_code, state
+from torchrpc._extension import native
+from torchrpc.invocation import Invocation
+
+
+def invoke(call_kind, to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIMEOUT):
+    """Starts ``func(*args, **kwargs)`` on worker `to`; shared by rpc_sync,
+    rpc_async, remote and the RRef proxies.
+
+    Args:
+        call_kind (str): "rpc_sync", "rpc_async" or "remote" (named in errors).
+
+    Returns:
+        An Invocation; for "remote", the new RRef's native handle.
+    """
+    session = state.require()
+    dst = session.resolve(to, call_kind)
+    seconds = session.timeout(timeout, call_kind)
+    if args is None:
+        args = ()
+    elif not isinstance(args, (tuple, list)):
+        raise TypeError(f"{call_kind}(args=...) expects a tuple; got {type(args).__name__}")
+    if kwargs is None:
+        kwargs = {}
+    elif not isinstance(kwargs, dict):
+        raise TypeError(f"{call_kind}(kwargs=...) expects a dict; got {type(kwargs).__name__}")
+    args = tuple(args)
+    callee = classify(call_kind, func)
+    try:
+        return _start(callee, call_kind, session, dst, args, kwargs, seconds)
+    except (TypeError, RuntimeError) as err:
+        # TorchScript and builtin callees take an RRef as its TorchScript object
+        # (torch.classes.torchrpc.RRef): converted here, after the first attempt
+        # failed on it (nothing was sent), so calls without RRefs pay nothing.
+        if not callee.takes_script_values:
+            raise
+        converted = _to_script_values((args, kwargs))
+        if converted is None:
+            raise
+        args, kwargs = converted
+        try:
+            return _start(callee, call_kind, session, dst, args, kwargs, seconds)
+        except (TypeError, RuntimeError) as again:
+            raise again from err
+
+
+def _start(callee, call_kind, session, dst, args, kwargs, seconds, again=False):
+    """Builds the call's message once, then sends it or makes it a remote().
+    `again`: the resend of a call whose callee lacked the function (with its
+    code, or its whole pickle). A resend is a functools.partial of this
+    function: it holds no reference back to its Invocation, so no cycle keeps
+    the arguments (tensors, RRefs) alive until the garbage collector runs."""
+    remote = call_kind == "remote"
+    message, function, forks = callee.build(call_kind, dst, args, kwargs, remote, again)
+    with _forks_cancelled_on_error(forks):
+        if remote:
+            return session.rref_ctx.remote(dst.id, message, seconds, function)
+        call = session.agent.send(dst.id, message, seconds, call_kind, function)
+    if forks:  # RRefs sent to their owner: released when it answers
+        session.rref_ctx.release_when_answered(call, forks)
+    resend = None if again or not callee.resends else functools.partial(
+        _start, callee, call_kind, session, dst, args, kwargs, seconds, True)
+    return Invocation(call, callee.decode, resend)
+
+
+def classify(call_kind, func):
+    """The callee kind of `func`: a TorchScript function (by name or object),
+    then a builtin operator, then any other callable."""
+    if isinstance(func, str):
+        return _Named(func)
+    if isinstance(func, torch.jit.ScriptFunction):
+        return _Script(func)
+    builtin = _builtin_name(func) if callable(func) else None
+    if builtin is not None:
+        return _Builtin(builtin)
+    if not callable(func):
+        raise TypeError(f"{call_kind}(func=...) expects a callable; got {type(func).__name__}")
+    return _Python(func)
+
+
+def _builtin_name(func):
+    """'aten::add' for torch.add, torch.Tensor.add, torch.ops.aten.add; else None."""
+    if isinstance(func, torch._ops.OpOverloadPacket):
+        return func._qualified_op_name
+    if isinstance(func, torch._ops.OpOverload):
+        return func._schema.name
+    if getattr(func, "__objclass__", None) is torch._C.TensorBase:
+        return "aten::" + func.__name__
+    try:
+        return torch.jit._builtins._find_builtin(func)
+    except TypeError:  # unhashable callables
+        return None
+
+
+def _identity(value):
+    return value
+
+
+class _Callee:
+    """One kind of callee: build(call_kind, dst, args, kwargs, remote, again)
+    returns the call's (native message, function name, RRef forks it made)."""
+
+    __slots__ = ("target",)
+    takes_script_values = True  # RRef arguments may be retried as TorchScript RRefs
+    resends = False  # a callee that lacks the function gets it on a second try
+    decode = staticmethod(_identity)  # the response's value -> the result
+
+    def __init__(self, target):
+        self.target = target
+
+
+class _Named(_Callee):
+    """A TorchScript function by the name the callee knows (given to register)."""
+
+    __slots__ = ()
+
+    def build(self, call_kind, dst, args, kwargs, remote, again):
+        return native().named_message(self.target, args, kwargs, call_kind), self.target, ()
+
+
+class _Script(_Callee):
+    """A ``torch.jit.ScriptFunction``: sent by its registered or qualified name,
+    and resent once with its code if the callee lacks it (shipped_code);
+    remote() sends the name only."""
+
+    __slots__ = ("name", "module")
+    resends = True
+
+    def __init__(self, fn):
+        super().__init__(fn)
+        explicit = state.script_name(fn)
+        self.name, self.module = (explicit, "") if explicit is not None else python_fallback.script_reference(fn)
+
+    def build(self, call_kind, dst, args, kwargs, remote, again):
+        fn = self.target
+        if remote:
+            shipped = None
+        else:
+            shipped = shipped_code.with_code(fn, dst.id) if again else shipped_code.reference(fn, dst.id)
+        return native().script_message(self.name, self.module, fn, args, kwargs, shipped), self.name, ()
+
+
+class _Builtin(_Callee):
+    """A builtin operator, by its schema name ('aten::add')."""
+
+    __slots__ = ()
+
+    def build(self, call_kind, dst, args, kwargs, remote, again):
+        message, schema_name = native().builtin_message(self.target, args, kwargs)
+        return message, schema_name, ()
+
+
+class _Python(_Callee):
+    """Any other callable, pickled with cloudpickle and sent by hash once the
+    callee has it; resent in full if the callee lost it. remote() always
+    sends the whole function: the owner keeps no resend path."""
+
+    __slots__ = ()
+    takes_script_values = False
+    resends = True
+    decode = staticmethod(python_fallback.decode_result)
+
+    def build(self, call_kind, dst, args, kwargs, remote, again):
+        payload, tensors, name, forks = python_fallback.encode_call(
+            self.target, dst.id, args, kwargs, force_full=again or remote, request=not remote)
+        return native().python_message(payload, tensors), name, forks
+
+
+@contextlib.contextmanager
+def _forks_cancelled_on_error(forks):
+    """A message that could not be sent (e.g. a sparse tensor the wire refuses)
+    carried no RRef: its forks are undone, so nothing holds those RRefs."""
+    try:
+        yield
+    except BaseException:
+        python_fallback.cancel_forks(forks)
+        raise
+
+
+def _to_script_values(value):
+    """`value` with every RRef (inside tuples, lists, dicts) replaced by its
+    TorchScript object, or None when it holds no RRef."""
+    script_value = getattr(type(value), "_torchrpc_script_value", None)
+    if script_value is not None:  # an RRef
+        return script_value(value)
+    if isinstance(value, (tuple, list)):
+        items = [_to_script_values(v) for v in value]
+        if all(i is None for i in items):
+            return None
+        out = [v if i is None else i for v, i in zip(value, items)]
+        return type(value)(out) if type(value) in (tuple, list) else tuple(out)
+    if isinstance(value, dict):
+        items = {k: _to_script_values(v) for k, v in value.items()}
+        if all(i is None for i in items.values()):
+            return None
+        return {k: (v if items[k] is None else items[k]) for k, v in value.items()}
+    return None

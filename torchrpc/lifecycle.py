@@ -1,0 +1,117 @@
+"""init_rpc and shutdown: this worker's session starts and stops.
+
+The steps themselves are the C++ Worker's (``csrc/worker/worker.h``), the
+same for C++ programs: here the arguments are checked, the store is opened,
+the Python handlers are installed through the Worker's hook, and the
+Python-side caches are reset at the end.
+"""
+
+import atexit
+import numbers
+import warnings
+
+from torchrpc import constants, errors, python_fallback, rendezvous, shipped_code, state
+from torchrpc._extension import native
+from torchrpc.options import RpcOptions, check_backend
+
+
+def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=None):
+    """Joins this process to an RPC job as worker `name`.
+
+    Blocks until every worker of the job has joined (up to
+    ``RpcOptions.init_timeout``).
+
+    Args:
+        name (str): unique name of this worker: letters, digits, ``_`` and ``-``,
+            fewer than 128 characters.
+        backend (BackendType): ``None`` (default) or
+            ``BackendType.TENSORPIPE`` (torchrpc's or ``torch.distributed.rpc``'s):
+            torchrpc has one backend.
+        rank (int): unique rank in ``[0, world_size)``; ``-1`` (default) reads
+            ``RANK`` from the environment with ``env://``.
+        world_size (int): number of workers; ``None`` reads ``WORLD_SIZE``.
+        rpc_backend_options (RpcOptions): see :class:`RpcOptions`.
+
+    Raises:
+        TypeError, ValueError: on invalid arguments, a name used twice in the job,
+            or an already initialized process.
+    """
+    rendezvous.validate_name(name)
+    check_backend(backend)
+    options = RpcOptions.coerce(rpc_backend_options)
+    if rank is not None and not isinstance(rank, numbers.Integral):
+        raise TypeError(f"init_rpc(rank=...) expects an int; got {type(rank).__name__}")
+    if world_size is not None and not isinstance(world_size, numbers.Integral):
+        raise TypeError(f"init_rpc(world_size=...) expects an int; got {type(world_size).__name__}")
+    with state.lock:
+        running = state.current()
+        if running is not None:
+            raise RuntimeError(
+                f"torchrpc is already initialized in this process as {running.me.name!r}; "
+                "call torchrpc.shutdown() before init_rpc() again."
+            )
+        store, rank, world_size = rendezvous.open_store(options, rank, world_size)
+        worker = native().Worker(name, rank, world_size, options.num_worker_threads, options.rpc_timeout,
+                                 rendezvous.listen_host(options.init_method), rendezvous.host_id(), store,
+                                 _install_python)
+        state.install(state.Session(worker, rank, options))
+
+
+def _install_python(agent, rref_ctx):
+    """The Worker's hook: the Python handlers, installed before it serves."""
+    agent.set_python_handler(python_fallback.handle_call, python_fallback.handle_remote)
+    agent.set_script_resolver(python_fallback.resolve_script)
+    rref_ctx.install_python(python_fallback.encode_value, python_fallback.handle_method)
+    for fn, explicit in state.script_names():
+        agent.register_script(explicit, fn)
+
+
+def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):
+    """Leaves the job and stops this worker's agent.
+
+    Args:
+        graceful (bool): if True (default), first wait until this worker's own
+            calls have completed and every worker of the job has reached
+            shutdown, serving their calls meanwhile. If False, stop at once;
+            pending calls fail with ShutdownError.
+        timeout (float): seconds the graceful wait may take (default 60); the
+            agent then stops regardless and the error names what was missing.
+
+    Raises:
+        RpcTimeoutError: the graceful wait took longer than `timeout`.
+        PeerUnreachableError: the rendezvous store went away before every
+            worker met.
+    """
+    with state.lock:
+        session = state.current()
+        if session is None or session.closing:
+            return
+        # The worker keeps serving until every worker got here, and what it
+        # serves may use torchrpc (nested calls, RRefs): the session stays installed.
+        session.closing = True
+    try:
+        failure, leaked = session.worker.stop(graceful, timeout)
+    finally:
+        session.callbacks.stop(timeout)  # runs the completions of the calls shutdown failed
+        native().reap_thread_states()  # the Python thread states of the threads that stopped
+        python_fallback.forget_sent()
+        shipped_code.forget()
+        with state.lock:
+            state.clear()
+    if failure is not None:
+        raise errors.from_native(failure)
+    if leaked:
+        warnings.warn(
+            f"shutdown on {session.me.name}: {len(leaked)} owner RRef(s) still had users after every "
+            f"worker released its RRefs (leaked): "
+            + ", ".join(f"{rid} forks={forks}" for rid, forks, *_ in leaked[:10]),
+            ResourceWarning,
+            stacklevel=2,
+        )
+
+
+@atexit.register
+def _shutdown_at_exit():
+    # A process that forgot shutdown() still stops its threads before exiting.
+    if state.current() is not None:
+        shutdown(graceful=False)
