@@ -25,7 +25,7 @@ void remoteKernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   auto agent = requireAgent("remote");
   auto ctx = rref::RRefContext::current();
   if (!ctx) {
-    throw RpcError(ErrorKind::kGeneric,
+    throw common::RpcError(common::ErrorKind::kGeneric,
                    "torchrpc.remote: this process serves no RRefs (torchrpc is shutting down, or "
                    "the worker was started without an RRef context)");
   }

@@ -9,10 +9,10 @@
 
 namespace torchrpc::jit_ops {
 
-std::shared_ptr<Agent> requireAgent(const char* op) {
-  auto agent = Agent::current();
+std::shared_ptr<agent::Agent> requireAgent(const char* op) {
+  auto agent = agent::Agent::current();
   if (!agent) {
-    throw RpcError(ErrorKind::kGeneric,
+    throw common::RpcError(common::ErrorKind::kGeneric,
                    std::string("torchrpc.") + op +
                        ": torchrpc is not initialized in this process; call "
                        "torchrpc.init_rpc(...) first");
@@ -24,7 +24,7 @@ double resolveTimeout(double timeout, double defaultSeconds) {
   return timeout < 0 ? defaultSeconds : timeout;
 }
 
-int destinationRank(const Agent& agent, const std::string& to, const std::string& name,
+int destinationRank(const agent::Agent& agent, const std::string& to, const std::string& name,
                     const std::string& callKind) {
   int dst = agent.rankOf(to);
   if (dst < 0) {
@@ -34,7 +34,7 @@ int destinationRank(const Agent& agent, const std::string& to, const std::string
   return dst;
 }
 
-NamedCall popNamedCall(const Agent& agent, torch::jit::Stack& stack) {
+NamedCall popNamedCall(const agent::Agent& agent, torch::jit::Stack& stack) {
   // (to, qualified_name, args, kwargs, timeout, load_hint); the hint is only
   // read by torch when the op is missing.
   NamedCall call;
@@ -52,7 +52,7 @@ namespace {
 
 // Boxed kernels: the schema's types (Any, Future(Any)) have no unboxed C++
 // signature.
-Agent::FuturePtr callFromStack(torch::jit::Stack* stack, const char* op) {
+agent::Agent::FuturePtr callFromStack(torch::jit::Stack* stack, const char* op) {
   auto agent = requireAgent(op);
   NamedCall call = popNamedCall(*agent, *stack);
   return namedScriptCall(*agent, call.to, call.name, call.args, call.kwargs, call.timeout, op);
@@ -64,13 +64,13 @@ void rpcAsync(const c10::OperatorHandle&, torch::jit::Stack* stack) {
 
 void rpcSync(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   auto future = callFromStack(stack, "rpc_sync");
-  spinThenWait(*future);  // the agent's deadline completes it; no separate timer
+  common::spinThenWait(*future);  // the agent's deadline completes it; no separate timer
   stack->emplace_back(future->value());  // rethrows the call's error
 }
 
 }  // namespace
 
-Message namedCallMessage(const std::string& name, const c10::IValue& args, const c10::IValue& kwargs,
+message::Message namedCallMessage(const std::string& name, const c10::IValue& args, const c10::IValue& kwargs,
                          const std::string& callKind) {
   std::vector<c10::IValue> stack;
   if (args.isTuple()) {
@@ -98,12 +98,12 @@ Message namedCallMessage(const std::string& name, const c10::IValue& args, const
   return script_dispatch::scriptCallMessage(name, "", std::move(stack), std::move(kw));
 }
 
-Agent::FuturePtr namedScriptCall(Agent& agent, const std::string& to, const std::string& name,
+agent::Agent::FuturePtr namedScriptCall(agent::Agent& agent, const std::string& to, const std::string& name,
                                  const c10::IValue& args, const c10::IValue& kwargs, double timeout,
                                  const std::string& callKind) {
   int dst = destinationRank(agent, to, name, callKind);
   auto future = agent.send(dst, namedCallMessage(name, args, kwargs, callKind), timeout, callKind, name);
-  if (auto refused = refusedBeforeSending(future)) std::rethrow_exception(refused);
+  if (auto refused = agent::refusedBeforeSending(future)) std::rethrow_exception(refused);
   return future;
 }
 

@@ -38,11 +38,11 @@ class Library;
 namespace torchrpc::jit_ops {
 
 // The running agent, or an error naming the op that needs it.
-std::shared_ptr<Agent> requireAgent(const char* op);
+std::shared_ptr<agent::Agent> requireAgent(const char* op);
 // Timeouts follow the Python API: -1 is the worker's default, 0 none.
 double resolveTimeout(double timeout, double defaultSeconds);
 // The rank of the worker named `to`; a ValueError naming the call otherwise.
-int destinationRank(const Agent& agent, const std::string& to, const std::string& name,
+int destinationRank(const agent::Agent& agent, const std::string& to, const std::string& name,
                     const std::string& callKind);
 
 // The arguments every call op starts with, popped from a boxed stack.
@@ -53,15 +53,15 @@ struct NamedCall {
   c10::IValue kwargs;
   double timeout = 0;  // resolved: seconds, 0 for none
 };
-NamedCall popNamedCall(const Agent& agent, torch::jit::Stack& stack);
+NamedCall popNamedCall(const agent::Agent& agent, torch::jit::Stack& stack);
 
 // A SCRIPT_CALL of `name` with positional args (a tuple, list or None) and
 // kwargs (a str-keyed dict or None), as the callee will match them.
-Message namedCallMessage(const std::string& name, const c10::IValue& args, const c10::IValue& kwargs,
+message::Message namedCallMessage(const std::string& name, const c10::IValue& args, const c10::IValue& kwargs,
                          const std::string& callKind);
 
 // Sends a SCRIPT_CALL of `name` to the worker named `to`.
-Agent::FuturePtr namedScriptCall(Agent& agent, const std::string& to, const std::string& name,
+agent::Agent::FuturePtr namedScriptCall(agent::Agent& agent, const std::string& to, const std::string& name,
                                  const c10::IValue& args, const c10::IValue& kwargs, double timeout,
                                  const std::string& callKind);
 

@@ -13,7 +13,7 @@ namespace {
 std::shared_ptr<rref::RRefContext> contextOf(const rref::RRef& r, const char* what) {
   auto ctx = r.context();
   if (!ctx) {
-    throw RpcError(ErrorKind::kShutdown,
+    throw common::RpcError(common::ErrorKind::kShutdown,
                    std::string("RRef.") + what + "(): RRef " + r.id().str() +
                        " belongs to a torchrpc session that has shut down; it cannot be used any more");
   }
@@ -25,7 +25,7 @@ std::shared_ptr<rref::RRefContext> contextOf(const rref::RRef& r, const char* wh
 c10::IValue ownerValue(const rref::OwnerRRef& owner, const rref::RRefContext& ctx, double seconds,
                        const char* what) {
   if (!owner.waitValue(seconds)) {
-    throw RpcError(ErrorKind::kTimeout, std::string("RRef.") + what + "(): the value of RRef " +
+    throw common::RpcError(common::ErrorKind::kTimeout, std::string("RRef.") + what + "(): the value of RRef " +
                                             owner.id().str() + " was not created on " +
                                             ctx.workerName() + " within " + std::to_string(seconds) +
                                             " s (timeout= argument, default RpcOptions.rpc_timeout)");
@@ -61,12 +61,12 @@ c10::IValue ScriptRRef::toHere(double timeout) const {
   }
   auto user = std::static_pointer_cast<rref::UserRRef>(rref_);
   if (auto failure = user->creationError()) {
-    throw RpcError(static_cast<ErrorKind>(failure->first),
+    throw common::RpcError(static_cast<common::ErrorKind>(failure->first),
                    "remote() of RRef " + user->id().str() + " on " + ctx->workerLabel(user->owner()) +
                        " failed: " + failure->second);
   }
   auto future = ctx->fetch(user, seconds);
-  spinThenWait(*future);  // the agent's deadline completes it
+  common::spinThenWait(*future);  // the agent's deadline completes it
   const auto& value = future->value();  // rethrows the owner's error
   const auto& elements = value.toTupleRef().elements();
   // (value) for an IValue; (pickle, tensors) for a Python object (rref_context.h)
@@ -111,7 +111,7 @@ void defineScriptRRef(torch::Library& m) {
       .def_pickle(
           // The sender: a fork of the RRef (see the header).
           [](const c10::intrusive_ptr<ScriptRRef>& self) -> std::vector<int64_t> {
-            PickleScope* scope = PickleScope::current();
+            message::PickleScope* scope = message::PickleScope::current();
             TORCH_CHECK(scope,
                         "an RRef can only be pickled by torchrpc, as an argument or result of an RPC; it "
                         "cannot be saved (torch.jit.save) or copied by other means. Keep the owner's "
@@ -126,7 +126,7 @@ void defineScriptRRef(torch::Library& m) {
           },
           // The receiver: its RRef for the fork.
           [](std::vector<int64_t> state) -> c10::intrusive_ptr<ScriptRRef> {
-            TORCH_CHECK(UnpickleScope::active(),
+            TORCH_CHECK(message::UnpickleScope::active(),
                         "an RRef can only be unpickled by torchrpc, from an RPC message");
             rref::ForkData fork = rref::ForkData::fromInts(state);
             auto ctx = rref::RRefContext::current();

@@ -13,7 +13,7 @@
 #include "script_dispatch/run_script.h"
 #include "transport/socket.h"
 
-namespace torchrpc {
+namespace torchrpc::agent {
 
 namespace {
 
@@ -48,12 +48,12 @@ Agent::Agent(AgentOptions options)
       started_(std::chrono::steady_clock::now()),
       pending_(options_.name) {
   TORCH_CHECK(options_.numWorkerThreads > 0, "num_worker_threads must be positive");
-  loop_ = std::make_unique<Loop>(options_.name);
+  loop_ = std::make_unique<transport::Loop>(options_.name);
   // Idle pool threads that wait for the next request read it themselves.
   pool_ = std::make_unique<ThreadPool>(options_.numWorkerThreads, options_.name,
                                        [loop = loop_.get()] { loop->pollOnce(); });
-  listener_ = std::make_unique<Listener>(*loop_, options_.name, [this](int fd, const std::string& desc) {
-    auto conn = std::make_shared<Connection>(*loop_, fd, desc, options_.name);
+  listener_ = std::make_unique<transport::Listener>(*loop_, options_.name, [this](int fd, const std::string& desc) {
+    auto conn = std::make_shared<transport::Connection>(*loop_, fd, desc, options_.name);
     adopt(conn);
   });
 }
@@ -79,12 +79,12 @@ void Agent::setPeers(std::vector<PeerInfo> peers) {
   }
 }
 
-void Agent::setHandler(MessageType type, Handler handler, std::string what) {
-  if (what.empty()) what = messageTypeName(type);
+void Agent::setHandler(message::MessageType type, Handler handler, std::string what) {
+  if (what.empty()) what = message::messageTypeName(type);
   handlers_[static_cast<uint16_t>(type)] = {std::move(handler), std::move(what)};
 }
 
-void Agent::setFastPath(MessageType type, FastPath fastPath) {
+void Agent::setFastPath(message::MessageType type, FastPath fastPath) {
   fastPaths_[static_cast<uint16_t>(type)] = std::move(fastPath);
 }
 
@@ -138,67 +138,67 @@ size_t Agent::connectionCount() const {
   return connections_.size();
 }
 
-void Agent::adopt(const std::shared_ptr<Connection>& conn) {
+void Agent::adopt(const std::shared_ptr<transport::Connection>& conn) {
   {
     std::lock_guard<std::mutex> lock(connectionsMutex_);
     connections_[conn->id()] = conn;
   }
   conn->start(
-      [this](const std::shared_ptr<Connection>& c, Message&& m) { onMessageFromLoop(c, std::move(m)); },
-      [this](const std::shared_ptr<Connection>& c, const std::string& reason) {
+      [this](const std::shared_ptr<transport::Connection>& c, message::Message&& m) { onMessageFromLoop(c, std::move(m)); },
+      [this](const std::shared_ptr<transport::Connection>& c, const std::string& reason) {
         onCloseFromLoop(c, reason);
       });
 }
 
-Fallible<std::shared_ptr<Connection>> Agent::connectionTo(int dst, double timeoutSeconds) {
+common::Fallible<std::shared_ptr<transport::Connection>> Agent::connectionTo(int dst, double timeoutSeconds) {
   PeerState& state = *peerStates_[dst];
   {
     std::lock_guard<std::mutex> lock(state.mutex);
-    if (state.conn && !state.conn->closed()) return {state.conn, Error()};
+    if (state.conn && !state.conn->closed()) return {state.conn, common::Error()};
   }
   std::lock_guard<std::mutex> connecting(state.connectMutex);
   {
     std::lock_guard<std::mutex> lock(state.mutex);
-    if (state.conn && !state.conn->closed()) return {state.conn, Error()};
+    if (state.conn && !state.conn->closed()) return {state.conn, common::Error()};
   }
   const PeerInfo& p = peers_[dst];
   bool local = !p.hostId.empty() && p.hostId == options_.hostId;
   const std::string& address = local ? p.unixAddress : p.tcpAddress;
   double connectTimeout = timeoutSeconds > 0 ? std::min(timeoutSeconds, 30.0) : 30.0;
-  auto fd = connectTo(address, connectTimeout);
+  auto fd = transport::connectTo(address, connectTimeout);
   if (fd.error) return {nullptr, fd.error};
-  auto conn = std::make_shared<Connection>(*loop_, fd.value, "connection to " + p.name + " (" + address + ")",
+  auto conn = std::make_shared<transport::Connection>(*loop_, fd.value, "connection to " + p.name + " (" + address + ")",
                                            options_.name);
   conn->setPeerRank(dst);
   adopt(conn);
-  Message hello = ivalueMessage(MessageType::kHello, 0,
+  message::Message hello = message::ivalueMessage(message::MessageType::kHello, 0,
                                 c10::ivalue::Tuple::create({static_cast<int64_t>(options_.rank), options_.name}));
-  if (Error err = conn->send(std::move(hello), deadlineAfter(connectTimeout))) return {nullptr, err};
+  if (common::Error err = conn->send(std::move(hello), deadlineAfter(connectTimeout))) return {nullptr, err};
   std::lock_guard<std::mutex> lock(state.mutex);
   state.conn = conn;
-  return {conn, Error()};
+  return {conn, common::Error()};
 }
 
-Agent::FuturePtr Agent::send(int dst, Message&& request, double timeoutSeconds,
+Agent::FuturePtr Agent::send(int dst, message::Message&& request, double timeoutSeconds,
                              const std::string& callKind, const std::string& function) {
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
   const uint64_t id = pending_.nextId();
   request.id = id;
   std::string description = callKind + " #" + std::to_string(id) + " " + options_.name + " -> " +
                             peerLabel(dst) + " '" + function + "'";
-  auto fail = [&](ErrorKind kind, const std::string& why) {
-    future->setError(makeRpcError(kind, description + ": " + why));
+  auto fail = [&](common::ErrorKind kind, const std::string& why) {
+    future->setError(common::makeRpcError(kind, description + ": " + why));
     return future;
   };
-  if (shuttingDown_.load()) return fail(ErrorKind::kShutdown, "torchrpc is shutting down on " + options_.name);
+  if (shuttingDown_.load()) return fail(common::ErrorKind::kShutdown, "torchrpc is shutting down on " + options_.name);
   if (dst < 0 || dst >= static_cast<int>(peers_.size())) {
-    return fail(ErrorKind::kInvalidArgument, "no worker with rank " + std::to_string(dst));
+    return fail(common::ErrorKind::kInvalidArgument, "no worker with rank " + std::to_string(dst));
   }
   if (interceptor_) {
     try {
       interceptor_->outgoingRequest(request, dst);
     } catch (...) {
-      return fail(ErrorKind::kInvalidArgument, errorParts(std::current_exception()).message);
+      return fail(common::ErrorKind::kInvalidArgument, common::errorParts(std::current_exception()).message);
     }
   }
   Pending::Call call{future, dst, 0, description, timeoutSeconds, std::chrono::steady_clock::now(),
@@ -207,24 +207,24 @@ Agent::FuturePtr Agent::send(int dst, Message&& request, double timeoutSeconds,
     // A call to oneself skips the transport: straight to the pool.
     pending_.add(id, std::move(call));
     pool_->run([this, request = std::move(request)]() mutable {
-      Reply reply(request.id, options_.name, [this](Message&& r) { onResponse(std::move(r), options_.rank); });
+      message::Reply reply(request.id, options_.name, [this](message::Message&& r) { onResponse(std::move(r), options_.rank); });
       dispatch(std::move(request), options_.rank, std::move(reply));
     });
     return future;
   }
   auto conn = connectionTo(dst, timeoutSeconds);
   if (conn.error) {
-    return fail(ErrorKind::kPeerUnreachable, "cannot connect: " + conn.error.what() + ". Is " + peers_[dst].name +
+    return fail(common::ErrorKind::kPeerUnreachable, "cannot connect: " + conn.error.what() + ". Is " + peers_[dst].name +
                                                  " still running? Check its log.");
   }
   call.connectionId = conn.value->id();
   auto deadline = call.deadline;
   pending_.add(id, std::move(call));
-  if (Error err = conn.value->send(std::move(request), deadline)) {
+  if (common::Error err = conn.value->send(std::move(request), deadline)) {
     // A message the wire refuses (e.g. an unsupported tensor) is the caller's mistake.
-    ErrorKind kind = err.code() == Error::Code::kInvalid ? ErrorKind::kInvalidArgument : ErrorKind::kPeerUnreachable;
+    common::ErrorKind kind = err.code() == common::Error::Code::kInvalid ? common::ErrorKind::kInvalidArgument : common::ErrorKind::kPeerUnreachable;
     if (auto failed = pending_.take(id)) {
-      failed->future->setErrorIfNeeded(makeRpcError(kind, description + ": " + err.what()));
+      failed->future->setErrorIfNeeded(common::makeRpcError(kind, description + ": " + err.what()));
     }
   }
   return future;
@@ -233,7 +233,7 @@ Agent::FuturePtr Agent::send(int dst, Message&& request, double timeoutSeconds,
 std::exception_ptr refusedBeforeSending(const Agent::FuturePtr& future) {
   if (!future->completed() || !future->hasError()) return nullptr;
   auto error = future->exception_ptr();
-  return errorParts(error).kind == ErrorKind::kInvalidArgument ? error : nullptr;
+  return common::errorParts(error).kind == common::ErrorKind::kInvalidArgument ? error : nullptr;
 }
 
 bool Agent::sendsAtOnce(int dst, uint64_t bytes) const {
@@ -244,30 +244,30 @@ bool Agent::sendsAtOnce(int dst, uint64_t bytes) const {
   return state.conn && state.conn->acceptsWithoutWaiting(bytes);
 }
 
-void Agent::onResponse(Message&& m, int src) {
+void Agent::onResponse(message::Message&& m, int src) {
   auto call = pending_.take(m.id);
   if (!call) {
     TORCHRPC_DEBUG(options_.name, "dropping a late response #" << m.id << " ("
-                                      << messageTypeName(m.type) << "): the call already failed");
+                                      << message::messageTypeName(m.type) << "): the call already failed");
     return;
   }
   try {
     if (interceptor_) interceptor_->incomingResponse(m, src);
     switch (m.type) {
-      case MessageType::kScriptRet:
-        call->future->markCompleted(messageIValue(m));
+      case message::MessageType::kScriptRet:
+        call->future->markCompleted(message::messageIValue(m));
         return;
-      case MessageType::kPythonRet: {
+      case message::MessageType::kPythonRet: {
         c10::List<at::Tensor> tensors;
         for (auto& t : m.tensors) tensors.push_back(std::move(t));
         call->future->markCompleted(
             c10::ivalue::Tuple::create({bytesTensor(std::move(m.payload)), std::move(tensors)}));
         return;
       }
-      case MessageType::kException: {
-        RemoteException e = messageException(m);
-        call->future->setError(makeRpcError(
-            ErrorKind::kRemote,
+      case message::MessageType::kException: {
+        message::RemoteException e = message::messageException(m);
+        call->future->setError(common::makeRpcError(
+            common::ErrorKind::kRemote,
             e.message + " (raised on " + e.worker + " while running '" + e.function + "')",
             e.type, e.traceback));
         return;
@@ -275,22 +275,22 @@ void Agent::onResponse(Message&& m, int src) {
       default:
         break;
     }
-    call->future->setError(makeRpcError(ErrorKind::kGeneric, call->description +
+    call->future->setError(common::makeRpcError(common::ErrorKind::kGeneric, call->description +
                                                                  ": unexpected response type " +
-                                                                 messageTypeName(m.type)));
+                                                                 message::messageTypeName(m.type)));
   } catch (const std::exception& e) {
-    call->future->setErrorIfNeeded(makeRpcError(
-        ErrorKind::kGeneric, call->description + ": cannot decode the response: " + e.what()));
+    call->future->setErrorIfNeeded(common::makeRpcError(
+        common::ErrorKind::kGeneric, call->description + ": cannot decode the response: " + e.what()));
   }
 }
 
-void Agent::dispatch(Message&& request, int callerRank, Reply reply) {
+void Agent::dispatch(message::Message&& request, int callerRank, message::Reply reply) {
   std::shared_ptr<CallScope> scope;
   if (interceptor_) {
     try {
       scope = interceptor_->incomingRequest(request, callerRank);
     } catch (...) {
-      reply.error(describeException(std::current_exception(), messageTypeName(request.type), options_.name));
+      reply.error(message::describeException(std::current_exception(), message::messageTypeName(request.type), options_.name));
       return;
     }
   }
@@ -299,15 +299,15 @@ void Agent::dispatch(Message&& request, int callerRank, Reply reply) {
     return;
   }
   // The handler, its continuations and its response all belong to the scope.
-  Reply scoped = reply.through([scope](Message& r) { scope->outgoingResponse(r); });
+  message::Reply scoped = reply.through([scope](message::Message& r) { scope->outgoingResponse(r); });
   scope->run([&] { serve(std::move(request), callerRank, std::move(scoped), scope); });
 }
 
-void Agent::serve(Message&& request, int callerRank, Reply reply, const std::shared_ptr<CallScope>& scope) {
-  const MessageType type = request.type;
+void Agent::serve(message::Message&& request, int callerRank, message::Reply reply, const std::shared_ptr<CallScope>& scope) {
+  const message::MessageType type = request.type;
   const std::string* what = nullptr;
   try {
-    if (type == MessageType::kScriptCall || type == MessageType::kBuiltinCall) {
+    if (type == message::MessageType::kScriptCall || type == message::MessageType::kBuiltinCall) {
       script_dispatch::run(std::move(request), registry_,
                            [this, scope](std::function<void()> fn) {
                              if (!scope) {
@@ -321,34 +321,34 @@ void Agent::serve(Message&& request, int callerRank, Reply reply, const std::sha
     }
     auto it = handlers_.find(static_cast<uint16_t>(type));
     if (it == handlers_.end()) {
-      reply.error(RemoteException{"RuntimeError",
+      reply.error(message::RemoteException{"RuntimeError",
                                   std::string("worker ") + options_.name + " cannot handle " +
-                                      messageTypeName(type) + " requests (no handler installed)",
-                                  "", messageTypeName(type), options_.name});
+                                      message::messageTypeName(type) + " requests (no handler installed)",
+                                  "", message::messageTypeName(type), options_.name});
       return;
     }
     what = &it->second.second;
     it->second.first(std::move(request), callerRank, reply);
   } catch (...) {
     if (!reply.answered()) {
-      reply.error(describeException(std::current_exception(), what ? *what : messageTypeName(type), options_.name));
+      reply.error(message::describeException(std::current_exception(), what ? *what : message::messageTypeName(type), options_.name));
     }
   }
 }
 
-void Agent::respondOn(const std::shared_ptr<Connection>& conn, Message&& response) {
+void Agent::respondOn(const std::shared_ptr<transport::Connection>& conn, message::Message&& response) {
   const uint64_t id = response.id;
   CoreSpread::leave();  // this pool task has done its work: see core_spread.h
-  Error err = conn->send(std::move(response), deadlineAfter(kResponseSendTimeoutSeconds));
-  if (err && err.code() == Error::Code::kInvalid) {
+  common::Error err = conn->send(std::move(response), deadlineAfter(kResponseSendTimeoutSeconds));
+  if (err && err.code() == common::Error::Code::kInvalid) {
     // The result cannot travel (a tensor the wire refuses): the caller gets why.
-    err = conn->send(exceptionMessage(id, RemoteException{"ValueError",
+    err = conn->send(message::exceptionMessage(id, message::RemoteException{"ValueError",
                                                           "the result of request #" + std::to_string(id) +
                                                               " cannot be sent: " + err.what(),
                                                           "", "<sending the result>", options_.name}),
                      deadlineAfter(kResponseSendTimeoutSeconds));
   }
-  if (!err || err.code() == Error::Code::kClosed) return;  // a closed connection failed the caller's call
+  if (!err || err.code() == common::Error::Code::kClosed) return;  // a closed connection failed the caller's call
   // The caller would wait out its timeout for this response: close the
   // connection instead, which fails its pending calls at once, saying why.
   TORCHRPC_WARN(options_.name, "closing " << conn->description() << ": cannot send the response to request #" << id
@@ -356,11 +356,11 @@ void Agent::respondOn(const std::shared_ptr<Connection>& conn, Message&& respons
   conn->close("the response to request #" + std::to_string(id) + " could not be sent: " + err.what());
 }
 
-void Agent::onHelloFromLoop(const std::shared_ptr<Connection>& conn, Message&& m) {
+void Agent::onHelloFromLoop(const std::shared_ptr<transport::Connection>& conn, message::Message&& m) {
   int rank = -1;
   std::string name;
   try {
-    auto t = messageIValue(m).toTuple();
+    auto t = message::messageIValue(m).toTuple();
     rank = static_cast<int>(t->elements().at(0).toInt());
     name = t->elements().at(1).toStringRef();
   } catch (const std::exception& e) {
@@ -381,31 +381,31 @@ void Agent::onHelloFromLoop(const std::shared_ptr<Connection>& conn, Message&& m
   if (!state.conn || state.conn->closed()) state.conn = conn;
 }
 
-void Agent::onMessageFromLoop(const std::shared_ptr<Connection>& conn, Message&& m) {
+void Agent::onMessageFromLoop(const std::shared_ptr<transport::Connection>& conn, message::Message&& m) {
   if (!serving_) {
     held_.emplace_back(conn, std::move(m));
     return;
   }
-  if (m.type == MessageType::kHello) {
+  if (m.type == message::MessageType::kHello) {
     onHelloFromLoop(conn, std::move(m));
     return;
   }
   if (conn->peerRank() < 0) {
     TORCHRPC_WARN(options_.name, "closing " << conn->description() << ": its first frame was "
-                                            << messageTypeName(m.type) << ", not HELLO");
+                                            << message::messageTypeName(m.type) << ", not HELLO");
     conn->close("protocol error: no HELLO");
     return;
   }
-  if (m.type == MessageType::kGoodbye) {
+  if (m.type == message::MessageType::kGoodbye) {
     saidGoodbye_.insert(conn->id());
     return;
   }
-  if (isResponse(m.type)) {
+  if (message::isResponse(m.type)) {
     onResponse(std::move(m), conn->peerRank());
     return;
   }
-  if (isRequest(m.type)) {
-    Reply reply(m.id, options_.name, [this, conn](Message&& r) { respondOn(conn, std::move(r)); });
+  if (message::isRequest(m.type)) {
+    message::Reply reply(m.id, options_.name, [this, conn](message::Message&& r) { respondOn(conn, std::move(r)); });
     auto fast = fastPaths_.find(static_cast<uint16_t>(m.type));
     if (fast != fastPaths_.end() && fast->second(m, reply)) return;
     int caller = conn->peerRank();
@@ -414,10 +414,10 @@ void Agent::onMessageFromLoop(const std::shared_ptr<Connection>& conn, Message&&
     });
     return;
   }
-  conn->close(std::string("protocol error: unexpected ") + messageTypeName(m.type));
+  conn->close(std::string("protocol error: unexpected ") + message::messageTypeName(m.type));
 }
 
-void Agent::onCloseFromLoop(const std::shared_ptr<Connection>& conn, const std::string& reason) {
+void Agent::onCloseFromLoop(const std::shared_ptr<transport::Connection>& conn, const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(connectionsMutex_);
     connections_.erase(conn->id());
@@ -432,7 +432,7 @@ void Agent::onCloseFromLoop(const std::shared_ptr<Connection>& conn, const std::
   std::string peerName = rank >= 0 && rank < static_cast<int>(peers_.size()) ? peers_[rank].name
                                                                             : "the peer";
   if (shuttingDown_.load()) {
-    pending_.failConnection(conn->id(), ErrorKind::kShutdown, [&](const Pending::Call& c) {
+    pending_.failConnection(conn->id(), common::ErrorKind::kShutdown, [&](const Pending::Call& c) {
       return c.description + ": torchrpc shut down on " + options_.name + " before a response arrived";
     });
     return;
@@ -440,7 +440,7 @@ void Agent::onCloseFromLoop(const std::shared_ptr<Connection>& conn, const std::
   if (!goodbye && rank >= 0) {
     TORCHRPC_DEBUG(options_.name, "lost " << conn->description() << ": " << reason);
   }
-  pending_.failConnection(conn->id(), ErrorKind::kPeerUnreachable, [&](const Pending::Call& c) {
+  pending_.failConnection(conn->id(), common::ErrorKind::kPeerUnreachable, [&](const Pending::Call& c) {
     std::string elapsed = secondsText(std::chrono::steady_clock::now() - c.start);
     if (goodbye) {
       return c.description + ": " + peerName + " shut down after " + elapsed +
@@ -463,19 +463,19 @@ void Agent::shutdown() {
   }
   shuttingDown_.store(true);
   listener_->close();
-  std::vector<std::shared_ptr<Connection>> conns;
+  std::vector<std::shared_ptr<transport::Connection>> conns;
   {
     std::lock_guard<std::mutex> lock(connectionsMutex_);
     for (auto& kv : connections_) conns.push_back(kv.second);
   }
   for (auto& conn : conns) {
-    Message bye;
-    bye.type = MessageType::kGoodbye;
+    message::Message bye;
+    bye.type = message::MessageType::kGoodbye;
     // Best effort: the connection closes next either way.
     (void)conn->send(std::move(bye), deadlineAfter(kGoodbyeTimeoutSeconds));
     conn->close("torchrpc shut down on " + options_.name);
   }
-  pending_.failAll(ErrorKind::kShutdown,
+  pending_.failAll(common::ErrorKind::kShutdown,
                    "torchrpc shut down on " + options_.name + " before a response arrived");
   if (!pool_->stop(/*timeoutSeconds=*/10.0)) {
     (void)pool_.release();  // its detached threads still use it
@@ -489,4 +489,4 @@ void Agent::shutdown() {
   }
 }
 
-}  // namespace torchrpc
+}  // namespace torchrpc::agent

@@ -39,7 +39,7 @@
 #include "transport/listener.h"
 #include "transport/loop.h"
 
-namespace torchrpc {
+namespace torchrpc::agent {
 
 struct AgentOptions {
   std::string name;
@@ -64,13 +64,13 @@ class Agent : public std::enable_shared_from_this<Agent> {
   using FuturePtr = c10::intrusive_ptr<c10::ivalue::Future>;
   // Runs on a pool thread; answers `reply` once (maybe later, from another
   // thread). An exception it throws before answering becomes the answer.
-  using Handler = std::function<void(Message&& request, int callerRank, Reply reply)>;
+  using Handler = std::function<void(message::Message&& request, int callerRank, message::Reply reply)>;
 
   // Runs on the I/O thread before a request is queued for the pool: answers
   // it at once and returns true, or returns false and leaves it for the
   // pool's handler. It must not block, run user code or need the GIL: for
   // answers that are ready (a fetch of a value that exists).
-  using FastPath = std::function<bool(const Message& request, const Reply& reply)>;
+  using FastPath = std::function<bool(const message::Message& request, const message::Reply& reply)>;
 
   explicit Agent(AgentOptions options);
   ~Agent();
@@ -81,8 +81,8 @@ class Agent : public std::enable_shared_from_this<Agent> {
   void setPeers(std::vector<PeerInfo> peers);
   // `what` names the handler's work in the error of an exception it throws
   // (default: the message type).
-  void setHandler(MessageType type, Handler handler, std::string what = "");
-  void setFastPath(MessageType type, FastPath fastPath);
+  void setHandler(message::MessageType type, Handler handler, std::string what = "");
+  void setFastPath(message::MessageType type, FastPath fastPath);
   // Sees every request and response on its way (distributed autograd). Set it
   // before startServing(); at most one.
   void setInterceptor(std::shared_ptr<Interceptor> interceptor) { interceptor_ = std::move(interceptor); }
@@ -97,7 +97,7 @@ class Agent : public std::enable_shared_from_this<Agent> {
   // timeoutSeconds <= 0 means no deadline. Never throws: a request refused
   // before anything was sent (a bad rank, a tensor the wire refuses) fails
   // the future at once with kInvalidArgument (see refusedBeforeSending).
-  FuturePtr send(int dst, Message&& request, double timeoutSeconds, const std::string& callKind,
+  FuturePtr send(int dst, message::Message&& request, double timeoutSeconds, const std::string& callKind,
                  const std::string& function);
   // Whether send(dst, ...) of `bytes` would return without waiting: connected
   // (or oneself) and not backlogged. A hint; the answer may change at once.
@@ -107,7 +107,7 @@ class Agent : public std::enable_shared_from_this<Agent> {
   // `request` with the handler of its type and answers `reply`. RRef owners
   // run the call that creates a value through it, with a reply that keeps the
   // value. `scope` (from the interceptor) covers the handler's continuations.
-  void serve(Message&& request, int callerRank, Reply reply,
+  void serve(message::Message&& request, int callerRank, message::Reply reply,
              const std::shared_ptr<CallScope>& scope = nullptr);
 
   // Waits until no call of this worker is pending; returns how many still are.
@@ -133,18 +133,18 @@ class Agent : public std::enable_shared_from_this<Agent> {
   struct PeerState {
     std::mutex connectMutex;  // one connection attempt at a time
     std::mutex mutex;         // guards conn
-    std::shared_ptr<Connection> conn;  // used for sending requests
+    std::shared_ptr<transport::Connection> conn;  // used for sending requests
   };
 
-  Fallible<std::shared_ptr<Connection>> connectionTo(int dst, double timeoutSeconds);
-  void adopt(const std::shared_ptr<Connection>& conn);
-  void onMessageFromLoop(const std::shared_ptr<Connection>& conn, Message&& m);
-  void onCloseFromLoop(const std::shared_ptr<Connection>& conn, const std::string& reason);
-  void onHelloFromLoop(const std::shared_ptr<Connection>& conn, Message&& m);
-  void onResponse(Message&& m, int src);
+  common::Fallible<std::shared_ptr<transport::Connection>> connectionTo(int dst, double timeoutSeconds);
+  void adopt(const std::shared_ptr<transport::Connection>& conn);
+  void onMessageFromLoop(const std::shared_ptr<transport::Connection>& conn, message::Message&& m);
+  void onCloseFromLoop(const std::shared_ptr<transport::Connection>& conn, const std::string& reason);
+  void onHelloFromLoop(const std::shared_ptr<transport::Connection>& conn, message::Message&& m);
+  void onResponse(message::Message&& m, int src);
   // Applies the interceptor, then serve().
-  void dispatch(Message&& request, int callerRank, Reply reply);
-  void respondOn(const std::shared_ptr<Connection>& conn, Message&& response);
+  void dispatch(message::Message&& request, int callerRank, message::Reply reply);
+  void respondOn(const std::shared_ptr<transport::Connection>& conn, message::Message&& response);
   std::string peerLabel(int rank) const;
 
   const AgentOptions options_;
@@ -157,15 +157,15 @@ class Agent : public std::enable_shared_from_this<Agent> {
   const std::chrono::steady_clock::time_point started_;
 
   Pending pending_;
-  std::unique_ptr<Loop> loop_;  // before pool_: pool threads read it until they stop
+  std::unique_ptr<transport::Loop> loop_;  // before pool_: pool threads read it until they stop
   std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<Listener> listener_;
+  std::unique_ptr<transport::Listener> listener_;
 
   mutable std::mutex connectionsMutex_;
-  std::unordered_map<uint64_t, std::shared_ptr<Connection>> connections_;
+  std::unordered_map<uint64_t, std::shared_ptr<transport::Connection>> connections_;
   std::unordered_set<uint64_t> saidGoodbye_;  // loop thread only
   bool serving_{false};                       // loop thread only
-  std::vector<std::pair<std::shared_ptr<Connection>, Message>> held_;  // loop thread only
+  std::vector<std::pair<std::shared_ptr<transport::Connection>, message::Message>> held_;  // loop thread only
   std::atomic<bool> shuttingDown_{false};
   std::atomic<bool> stopped_{false};
 };
@@ -174,4 +174,4 @@ class Agent : public std::enable_shared_from_this<Agent> {
 // caller's mistake, for its caller to raise at once), or null.
 std::exception_ptr refusedBeforeSending(const Agent::FuturePtr& future);
 
-}  // namespace torchrpc
+}  // namespace torchrpc::agent

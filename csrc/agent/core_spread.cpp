@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-namespace torchrpc {
+namespace torchrpc::agent {
 
 namespace {
 
@@ -63,4 +63,4 @@ bool CoreSpread::moveOff(int core) {
   return false;
 }
 
-}  // namespace torchrpc
+}  // namespace torchrpc::agent

@@ -5,12 +5,8 @@
 //
 // The kernel places a thread when it wakes and rebalances its run queues
 // every few milliseconds; in between, two pool threads can share one core
-// while another idles. It happened to a CPU-bound script callee with 2
-// callers on 2 cores: two idle pool threads polled (yielding) for the next
-// request on one core while the callers' threads polled on the other, so the
-// kernel saw two runnable threads on each core and moved nothing. When both
-// requests came, one task waited a whole task (1.2 ms) behind the other while
-// the other core went idle.
+// while another idles, and a request then waits a whole task behind the
+// other.
 //
 // A pool thread that polls after a long task, or starts a task after one,
 // calls settle(): it is counted on its core, and when another pool thread is
@@ -18,16 +14,13 @@
 // (sched_setaffinity to that core, then back to the mask it had, so the
 // kernel stays free to move it later). leave() uncounts it: before it sleeps,
 // and when its task sends the answer (the caller's threads, woken by the
-// answer, often preempt it on its core, and a task counted until it returned
-// made the next request see every core taken).
-//
-// In 8 interleaved rounds (2026-11-25, 18:00 UTC) it took the scaling of
-// that callee from 1.62x to 1.72x the rate of 1 caller.
+// answer, often preempt it on its core).
+// Measurements: benchmarks/HISTORY.md.
 
 #include <atomic>
 #include <memory>
 
-namespace torchrpc {
+namespace torchrpc::agent {
 
 class CoreSpread {
  public:
@@ -47,4 +40,4 @@ class CoreSpread {
   std::unique_ptr<std::atomic<int>[]> present_;  // pool threads counted, per CPU id
 };
 
-}  // namespace torchrpc
+}  // namespace torchrpc::agent

@@ -11,7 +11,7 @@
 
 #include "message/message.h"
 
-namespace torchrpc {
+namespace torchrpc::agent {
 
 // The state a request brought with it, kept while the callee runs it.
 class CallScope {
@@ -21,21 +21,21 @@ class CallScope {
   // current thread.
   virtual void run(const std::function<void()>& fn) = 0;
   // Callee, before the response leaves: may wrap it.
-  virtual void outgoingResponse(Message& response) = 0;
+  virtual void outgoingResponse(message::Message& response) = 0;
 };
 
 class Interceptor {
  public:
   virtual ~Interceptor() = default;
   // Caller, on the sending thread, before the request is queued.
-  virtual void outgoingRequest(Message& request, int dst) = 0;
+  virtual void outgoingRequest(message::Message& request, int dst) = 0;
   // Caller, before the response completes the call's future.
-  virtual void incomingResponse(Message& response, int src) = 0;
+  virtual void incomingResponse(message::Message& response, int src) = 0;
   // Callee, on the pool thread, before the request is dispatched. Returns the
   // scope to run it under, or null when the request carries none.
-  virtual std::shared_ptr<CallScope> incomingRequest(Message& request, int src) = 0;
+  virtual std::shared_ptr<CallScope> incomingRequest(message::Message& request, int src) = 0;
   // The agent shut down: drop what it was keeping for calls.
   virtual void stop() {}
 };
 
-}  // namespace torchrpc
+}  // namespace torchrpc::agent

@@ -4,11 +4,11 @@
 
 #include "common/thread_name.h"
 
-namespace torchrpc {
+namespace torchrpc::agent {
 
 Pending::Pending(std::string workerName) : workerName_(std::move(workerName)) {
   sweeper_ = std::thread([this] {
-    nameThisThread("rpc-timeouts");
+    common::nameThisThread("rpc-timeouts");
     sweep();
   });
 }
@@ -48,7 +48,7 @@ std::optional<Pending::Call> Pending::take(uint64_t id) {
   return call;
 }
 
-void Pending::failConnection(uint64_t connectionId, ErrorKind kind,
+void Pending::failConnection(uint64_t connectionId, common::ErrorKind kind,
                              const std::function<std::string(const Call&)>& why) {
   std::vector<Call> failed;
   {
@@ -65,11 +65,11 @@ void Pending::failConnection(uint64_t connectionId, ErrorKind kind,
     if (calls_.empty()) emptyCv_.notify_all();
   }
   for (Call& c : failed) {
-    c.future->setErrorIfNeeded(makeRpcError(kind, why(c)));
+    c.future->setErrorIfNeeded(common::makeRpcError(kind, why(c)));
   }
 }
 
-void Pending::failAll(ErrorKind kind, const std::string& why) {
+void Pending::failAll(common::ErrorKind kind, const std::string& why) {
   std::vector<Call> failed;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -79,7 +79,7 @@ void Pending::failAll(ErrorKind kind, const std::string& why) {
     emptyCv_.notify_all();
   }
   for (Call& c : failed) {
-    c.future->setErrorIfNeeded(makeRpcError(kind, c.description + ": " + why));
+    c.future->setErrorIfNeeded(common::makeRpcError(kind, c.description + ": " + why));
   }
 }
 
@@ -117,8 +117,8 @@ void Pending::sweep() {
     lock.unlock();
     char secs[32];
     std::snprintf(secs, sizeof(secs), "%.3g", call.timeoutSeconds);
-    call.future->setErrorIfNeeded(makeRpcError(
-        ErrorKind::kTimeout,
+    call.future->setErrorIfNeeded(common::makeRpcError(
+        common::ErrorKind::kTimeout,
         call.description + " timed out after " + secs +
             " s (set by the timeout= argument, or RpcOptions.rpc_timeout by default)"));
     lock.lock();
@@ -134,4 +134,4 @@ void Pending::stop() {
   if (sweeper_.joinable()) sweeper_.join();
 }
 
-}  // namespace torchrpc
+}  // namespace torchrpc::agent

@@ -24,7 +24,7 @@
 
 #include "common/error.h"
 
-namespace torchrpc {
+namespace torchrpc::agent {
 
 class Pending {
  public:
@@ -51,10 +51,10 @@ class Pending {
   std::optional<Call> take(uint64_t id);
 
   // Fails every call sent on this connection; `why` gets the call description.
-  void failConnection(uint64_t connectionId, ErrorKind kind,
+  void failConnection(uint64_t connectionId, common::ErrorKind kind,
                       const std::function<std::string(const Call&)>& why);
   // Fails everything (local shutdown).
-  void failAll(ErrorKind kind, const std::string& why);
+  void failAll(common::ErrorKind kind, const std::string& why);
 
   size_t size() const;
   // Blocks until no call is pending or the deadline passes; returns size().
@@ -79,4 +79,4 @@ class Pending {
   std::thread sweeper_;
 };
 
-}  // namespace torchrpc
+}  // namespace torchrpc::agent

@@ -11,7 +11,7 @@
 #include "common/spin.h"
 #include "common/thread_name.h"
 
-namespace torchrpc {
+namespace torchrpc::agent {
 
 namespace {
 
@@ -26,12 +26,12 @@ size_t usableCores() {
 
 ThreadPool::ThreadPool(size_t numThreads, std::string workerName, std::function<void()> idlePoll)
     : workerName_(std::move(workerName)), idlePoll_(std::move(idlePoll)), cores_(usableCores()) {
-  reserveMallocArenas(numThreads);  // an arena each: tensor ops in parallel never share a malloc lock
+  common::reserveMallocArenas(numThreads);  // an arena each: tensor ops in parallel never share a malloc lock
   threads_.reserve(numThreads);
   alive_ = numThreads;
   for (size_t i = 0; i < numThreads; ++i) {
     threads_.emplace_back([this] {
-      nameThisThread("rpc-pool");
+      common::nameThisThread("rpc-pool");
       work();
     });
   }
@@ -63,53 +63,30 @@ size_t ThreadPool::busy() const {
 }
 
 void ThreadPool::work() {
-  initIntraOpThreads();
+  common::initIntraOpThreads();
   bool lastTaskLong = false;  // this thread's last task ran for kLongTask or more
-  AdaptiveSpin spin;          // polls after short tasks
-  AdaptiveSpin afterLong(1);  // polls after long tasks: kBusySpin outlasts any round trip
+  common::AdaptiveSpin spin;          // polls after short tasks
+  common::AdaptiveSpin afterLong(1);  // polls after long tasks: kBusySpin outlasts any round trip
   while (true) {
     std::function<void()> task;
     // Idle threads poll for the next task before they sleep; polling saves
     // the wake-up latency.
     //
     // After a short task, one idle thread at a time polls, for the short
-    // budget (spinBudget); the others sleep at once. Many pollers would take
-    // the CPU from the I/O thread that brings the tasks (128 calls in flight
-    // on 2 cores: 28k -> 5k calls/s). Callees of short calls (distributed
-    // autograd, RRef traffic) need the cores for their callers' own threads.
+    // budget (spinBudget); the others sleep at once: many pollers would take
+    // the CPU from the I/O thread that brings the tasks.
     //
     // After a long task (kLongTask or more), the thread polls for up to
-    // kBusySpin, and so may one such thread per core. Its caller tends to
-    // send the next request soon after the answer, and while the other cores
-    // compute, a sleeping thread's wake-up waits for one of them to finish
-    // its time slice (~1 ms). The site stops polling after a few waits that
-    // outlasted kBusySpin (a caller that thinks between calls), until a wait
-    // is short again (AdaptiveSpin). The poll yields on every round, so it
-    // only takes a core that nothing else wants, and never when the pool is
-    // idle for long. On every round the poller also:
-    // - reads the transport itself (idlePoll_, Loop::pollOnce). The loop
-    //   thread sleeps in epoll_wait, and the kernel often woke it on the core
-    //   that ran the other task (the polling core does not look idle), where
-    //   it waited up to a time slice: 18% of the calls waited ~0.8 ms for
-    //   their request to be read. Read by the poller, the request becomes
-    //   its task with no hand-off at all;
-    // - keeps off cores where another pool thread is (CoreSpread): a poller
-    //   that shares its core and cannot move stops, since it would get the
-    //   core only when the other thread's time slice ends.
-    //
-    // A CPU-bound script callee with 2 callers on 2 cores:
-    // - no long poll: 1.41-1.56x the rate of 1 caller;
-    // - one thread polling, only while another still ran a task: 1.61-1.66x
-    //   in its first measurements, and 1.49-1.61x in 6 runs interleaved with
-    //   the next line on 2026-11-25. With both callers in phase (their tasks
-    //   ending together, as perf sched showed), nothing ran and nobody
-    //   polled, and one of the two tasks always needed a wake-up;
-    // - a poller per core after long tasks: 1.59-1.73x in those same runs,
-    //   and 1.62x in 8 rounds interleaved with the next two (2026-11-25,
-    //   18:00 UTC), while two threads running the same function in one
-    //   process, with no RPC, reached 1.96x;
-    // - pollers and tasks spread over the cores: 1.72x;
-    // - and pollers that read the transport: 1.92x.
+    // kBusySpin, and so may one such thread per core: its caller tends to
+    // send the next request soon, and a sleeping thread's wake-up would wait
+    // for a computing core's time slice. The site stops polling after a few
+    // waits that outlasted kBusySpin (AdaptiveSpin). The poll yields on every
+    // round. On every round the poller also:
+    // - reads the transport itself (idlePoll_, Loop::pollOnce), so a request
+    //   becomes its task with no wake-up of the loop thread;
+    // - keeps off cores where another pool thread is (CoreSpread); a poller
+    //   that shares its core and cannot move stops.
+    // Measurements: benchmarks/HISTORY.md.
     auto ready = [this] { return queued_.load() > 0 || stopping_; };
     const size_t spinners = spinning_.fetch_add(1);
     const bool polledLong = lastTaskLong && spinners < cores_;
@@ -188,4 +165,4 @@ bool ThreadPool::stop(double timeoutSeconds) {
   return finished;
 }
 
-}  // namespace torchrpc
+}  // namespace torchrpc::agent

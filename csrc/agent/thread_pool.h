@@ -17,7 +17,7 @@
 
 #include "agent/core_spread.h"
 
-namespace torchrpc {
+namespace torchrpc::agent {
 
 class ThreadPool {
  public:
@@ -71,4 +71,4 @@ class ThreadPool {
   std::vector<std::thread> threads_;
 };
 
-}  // namespace torchrpc
+}  // namespace torchrpc::agent

@@ -44,9 +44,9 @@ PassReport parseReport(const std::string& in, size_t offset, const char* what) {
 
 }  // namespace
 
-Message backwardMessage(BackwardRequest&& request) {
-  Message m;
-  m.type = MessageType::kAutogradBackward;
+message::Message backwardMessage(BackwardRequest&& request) {
+  message::Message m;
+  m.type = message::MessageType::kAutogradBackward;
   const auto count = static_cast<uint32_t>(request.grads.size());
   m.payload.reserve(kBackwardHeader + count);
   put<int64_t>(m.payload, request.contextId);
@@ -65,7 +65,7 @@ Message backwardMessage(BackwardRequest&& request) {
   return m;
 }
 
-BackwardRequest parseBackward(Message&& m) {
+BackwardRequest parseBackward(message::Message&& m) {
   const std::string& p = m.payload;
   TORCH_CHECK(p.size() >= kBackwardHeader, "malformed AUTOGRAD_BACKWARD: ", p.size(), " bytes");
   BackwardRequest r;
@@ -107,27 +107,27 @@ BackwardRequest parseBackward(Message&& m) {
   return r;
 }
 
-Message passDoneMessage(int64_t backwardId, const PassReport& report) {
-  Message m;
-  m.type = MessageType::kAutogradPassDone;
+message::Message passDoneMessage(int64_t backwardId, const PassReport& report) {
+  message::Message m;
+  m.type = message::MessageType::kAutogradPassDone;
   put<int64_t>(m.payload, backwardId);
   putReport(m.payload, report);
   return m;
 }
 
-std::pair<int64_t, PassReport> parsePassDone(const Message& m) {
+std::pair<int64_t, PassReport> parsePassDone(const message::Message& m) {
   TORCH_CHECK(m.payload.size() >= 8, "malformed AUTOGRAD_PASS_DONE: ", m.payload.size(), " bytes");
   return {get<int64_t>(m.payload, 0), parseReport(m.payload, 8, "AUTOGRAD_PASS_DONE")};
 }
 
-Message cleanupMessage(int64_t contextId) {
-  Message m;
-  m.type = MessageType::kAutogradCleanup;
+message::Message cleanupMessage(int64_t contextId) {
+  message::Message m;
+  m.type = message::MessageType::kAutogradCleanup;
   put<int64_t>(m.payload, contextId);
   return m;
 }
 
-int64_t parseCleanup(const Message& m) {
+int64_t parseCleanup(const message::Message& m) {
   TORCH_CHECK(m.payload.size() == 8, "malformed AUTOGRAD_CLEANUP: ", m.payload.size(), " bytes");
   return get<int64_t>(m.payload, 0);
 }

@@ -45,15 +45,15 @@ struct BackwardRequest {
   std::optional<PassReport> report;              // the sender's, when this goes to the root
 };
 
-Message backwardMessage(BackwardRequest&& request);
+message::Message backwardMessage(BackwardRequest&& request);
 // Throws a clear error on a malformed payload.
-BackwardRequest parseBackward(Message&& m);
+BackwardRequest parseBackward(message::Message&& m);
 
-Message passDoneMessage(int64_t backwardId, const PassReport& report);
+message::Message passDoneMessage(int64_t backwardId, const PassReport& report);
 // {backwardId, report}; throws a clear error on a malformed payload.
-std::pair<int64_t, PassReport> parsePassDone(const Message& m);
+std::pair<int64_t, PassReport> parsePassDone(const message::Message& m);
 
-Message cleanupMessage(int64_t contextId);
-int64_t parseCleanup(const Message& m);
+message::Message cleanupMessage(int64_t contextId);
+int64_t parseCleanup(const message::Message& m);
 
 }  // namespace torchrpc::autograd

@@ -80,7 +80,7 @@ std::shared_ptr<Context> Container::create() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     contexts_.emplace(ctx->id(), ctx);
-    setTrainingSpin(true);
+    common::setTrainingSpin(true);
   }
   currentContextId = ctx->id();
   return ctx;
@@ -91,7 +91,7 @@ std::shared_ptr<Context> Container::getOrCreate(int64_t id) {
   if (released_.count(id)) return nullptr;
   auto& slot = contexts_[id];
   if (!slot) slot = std::make_shared<Context>(id);
-  setTrainingSpin(true);
+  common::setTrainingSpin(true);
   return slot;
 }
 
@@ -122,7 +122,7 @@ std::shared_ptr<Context> Container::release(int64_t id) {
   if (it == contexts_.end()) return nullptr;
   auto ctx = std::move(it->second);
   contexts_.erase(it);
-  setTrainingSpin(!contexts_.empty());
+  common::setTrainingSpin(!contexts_.empty());
   return ctx;
 }
 
@@ -137,7 +137,7 @@ void Container::clear() {
   std::unordered_map<int64_t, std::shared_ptr<Context>> dropped;
   std::lock_guard<std::mutex> lock(mutex_);
   dropped.swap(contexts_);
-  setTrainingSpin(false);
+  common::setTrainingSpin(false);
   released_.clear();
   releasedOrder_.clear();
   next_ = 0;

@@ -160,7 +160,7 @@ struct PassInfo {
 
 // Tells the root that `pass` is done (see runPass), unless the pass's response
 // will: it answers the root and started nothing.
-void reportPass(Agent& agent, const PassInfo& pass, const PassReport& report) {
+void reportPass(agent::Agent& agent, const PassInfo& pass, const PassReport& report) {
   const bool startedAny = !report.children.empty();
   const int self = agent.options().rank;
   if (self == pass.rootRank) {
@@ -213,7 +213,7 @@ torch::autograd::edge_list outputsOf(const torch::autograd::edge_list& roots) {
 // else inside the last message it sends to the root, or, when it sends none,
 // in an AUTOGRAD_PASS_DONE; a pass that the root asked for and that sends
 // nothing reports with its response.
-FuturePtr runPass(Agent& agent, const std::shared_ptr<Context>& ctx,
+FuturePtr runPass(agent::Agent& agent, const std::shared_ptr<Context>& ctx,
                   const torch::autograd::edge_list& roots, const torch::autograd::variable_list& grads,
                   bool keepGraph, bool retainGraph, const PassInfo& pass) {
   auto outputs = outputsOf(roots);
@@ -276,10 +276,10 @@ FuturePtr runPass(Agent& agent, const std::shared_ptr<Context>& ctx,
   return whenAll(std::move(sent));
 }
 
-void sendCleanup(Agent& agent, const Context& ctx) {
+void sendCleanup(agent::Agent& agent, const Context& ctx) {
   const std::string worker = agent.options().name;
   for (int rank : ctx.knownWorkers()) {
-    Message m = cleanupMessage(ctx.id());
+    message::Message m = cleanupMessage(ctx.id());
     auto f = agent.send(rank, std::move(m), agent.options().defaultTimeoutSeconds,
                         "release autograd context", "context " + std::to_string(ctx.id()));
     f->addCallback([worker](c10::ivalue::Future& done) {
@@ -290,17 +290,17 @@ void sendCleanup(Agent& agent, const Context& ctx) {
   }
 }
 
-void replyWhenDone(const FuturePtr& done, const std::string& worker, const Reply& reply) {
+void replyWhenDone(const FuturePtr& done, const std::string& worker, const message::Reply& reply) {
   done->addCallback([worker, reply](c10::ivalue::Future& f) {
     if (f.hasError()) {
-      reply.error(describeException(f.exception_ptr(), kBackwardFunction, worker));
+      reply.error(message::describeException(f.exception_ptr(), kBackwardFunction, worker));
     } else {
       reply.value(c10::IValue());
     }
   });
 }
 
-void onBackward(Agent& agent, Message&& request, int callerRank, const Reply& reply) {
+void onBackward(agent::Agent& agent, message::Message&& request, int callerRank, const message::Reply& reply) {
   const std::string& worker = agent.options().name;
   BackwardRequest r = parseBackward(std::move(request));
   if (r.report) reportToTracker(r.backwardId, *r.report);
@@ -321,7 +321,7 @@ void onBackward(Agent& agent, Message&& request, int callerRank, const Reply& re
   replyWhenDone(runPass(agent, ctx, roots, inputs, /*keepGraph=*/true, r.retainGraph, pass), worker, reply);
 }
 
-void onCleanup(Agent& agent, Message&& request, int, const Reply& reply) {
+void onCleanup(agent::Agent& agent, message::Message&& request, int, const message::Reply& reply) {
   const int64_t contextId = parseCleanup(request);
   if (auto ctx = Container::get().release(contextId)) sendCleanup(agent, *ctx);
   reply.value(c10::IValue());
@@ -329,34 +329,34 @@ void onCleanup(Agent& agent, Message&& request, int, const Reply& reply) {
 
 }  // namespace
 
-void install(Agent& agent) {
+void install(agent::Agent& agent) {
   Container::get().clear();
   Container::get().setRank(agent.options().rank);
   agent.setInterceptor(std::make_shared<Recorder>(agent.options().rank, agent.options().name));
-  Agent* a = &agent;  // handlers are owned by the agent: it outlives them
+  agent::Agent* a = &agent;  // handlers are owned by the agent: it outlives them
   // An exception a handler throws is its answer (Agent::serve).
   agent.setHandler(
-      MessageType::kAutogradBackward,
-      [a](Message&& request, int callerRank, Reply reply) { onBackward(*a, std::move(request), callerRank, reply); },
+      message::MessageType::kAutogradBackward,
+      [a](message::Message&& request, int callerRank, message::Reply reply) { onBackward(*a, std::move(request), callerRank, reply); },
       kBackwardFunction);
   agent.setHandler(
-      MessageType::kAutogradCleanup,
-      [a](Message&& request, int callerRank, Reply reply) { onCleanup(*a, std::move(request), callerRank, reply); },
+      message::MessageType::kAutogradCleanup,
+      [a](message::Message&& request, int callerRank, message::Reply reply) { onCleanup(*a, std::move(request), callerRank, reply); },
       "release autograd context");
   // Reports are tiny and may end a backward(): answered on the I/O thread.
-  agent.setFastPath(MessageType::kAutogradPassDone, [a](const Message& request, const Reply& reply) {
+  agent.setFastPath(message::MessageType::kAutogradPassDone, [a](const message::Message& request, const message::Reply& reply) {
     try {
       auto [backwardId, report] = parsePassDone(request);
       reportToTracker(backwardId, report);
       reply.value(c10::IValue());
     } catch (...) {
-      reply.error(describeException(std::current_exception(), "AUTOGRAD_PASS_DONE", a->options().name));
+      reply.error(message::describeException(std::current_exception(), "AUTOGRAD_PASS_DONE", a->options().name));
     }
     return true;
   });
 }
 
-FuturePtr backward(Agent& agent, int64_t contextId, const std::vector<at::Tensor>& roots,
+FuturePtr backward(agent::Agent& agent, int64_t contextId, const std::vector<at::Tensor>& roots,
                    bool retainGraph) {
   const std::string& worker = agent.options().name;
   auto ctx = Container::get().retrieve(contextId, worker);
@@ -400,7 +400,7 @@ std::pair<uint64_t, uint64_t> backwardEndings() {
   return {endedByReports.load(), endedByResponses.load()};
 }
 
-void releaseContext(Agent& agent, int64_t contextId) {
+void releaseContext(agent::Agent& agent, int64_t contextId) {
   if (Container::currentId() == contextId) Container::setCurrentId(-1);
   if (auto ctx = Container::get().release(contextId)) sendCleanup(agent, *ctx);
 }

@@ -40,12 +40,12 @@ namespace torchrpc::autograd {
 
 // Installs distributed autograd on the agent (interceptor and handlers).
 // Call before agent.startServing().
-void install(Agent& agent);
+void install(agent::Agent& agent);
 
 // The whole distributed pass from `roots` (tensors of one element each, on
 // this worker) in context `contextId`. The future completes (None) when every
 // worker is done, or fails with the first error, which names its worker.
-c10::intrusive_ptr<c10::ivalue::Future> backward(Agent& agent, int64_t contextId,
+c10::intrusive_ptr<c10::ivalue::Future> backward(agent::Agent& agent, int64_t contextId,
                                                  const std::vector<at::Tensor>& roots,
                                                  bool retainGraph);
 
@@ -55,6 +55,6 @@ std::pair<uint64_t, uint64_t> backwardEndings();
 
 // Ends a context: drops it here and, without waiting, on every worker this
 // one called in it (which tell the workers they called, and so on).
-void releaseContext(Agent& agent, int64_t contextId);
+void releaseContext(agent::Agent& agent, int64_t contextId);
 
 }  // namespace torchrpc::autograd

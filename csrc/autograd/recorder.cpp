@@ -32,7 +32,7 @@ size_t maskBytes(size_t numTensors) { return (numTensors + 7) / 8; }
 
 // Wraps `m` as `outer`: records a send function for its tensors that require
 // grad (unless local) and prefixes the envelope.
-void wrap(Message& m, MessageType outer, Context& ctx, bool local) {
+void wrap(message::Message& m, message::MessageType outer, Context& ctx, bool local) {
   std::string mask(maskBytes(m.tensors.size()), '\0');
   std::vector<at::Tensor> sent;
   if (!local && torch::autograd::GradMode::is_enabled()) {
@@ -62,7 +62,7 @@ void wrap(Message& m, MessageType outer, Context& ctx, bool local) {
 // (null: record nothing) and gives the tensors the sender recorded a
 // RecvRpcBackward in it.
 template <typename GetContext>
-Envelope unwrap(Message& m, int src, GetContext getCtx) {
+Envelope unwrap(message::Message& m, int src, GetContext getCtx) {
   Envelope e;
   TORCH_CHECK(m.payload.size() >= sizeof(e), "truncated autograd envelope (", m.payload.size(),
               " bytes)");
@@ -82,27 +82,27 @@ Envelope unwrap(Message& m, int src, GetContext getCtx) {
     }
   }
   m.payload.erase(0, sizeof(e) + maskLen);
-  m.type = static_cast<MessageType>(e.innerType);
+  m.type = static_cast<message::MessageType>(e.innerType);
   return e;
 }
 
 // The requests whose tensors and work belong to the sender's context. RRef
 // bookkeeping and autograd's own messages do not.
-bool recorded(MessageType t) {
+bool recorded(message::MessageType t) {
   switch (t) {
-    case MessageType::kScriptCall:
-    case MessageType::kBuiltinCall:
-    case MessageType::kPythonCall:
-    case MessageType::kRemoteCall:
-    case MessageType::kRRefFetch:
-    case MessageType::kRRefMethodCall:
+    case message::MessageType::kScriptCall:
+    case message::MessageType::kBuiltinCall:
+    case message::MessageType::kPythonCall:
+    case message::MessageType::kRemoteCall:
+    case message::MessageType::kRRefFetch:
+    case message::MessageType::kRRefMethodCall:
       return true;
     default:
       return false;
   }
 }
 
-class Scope : public CallScope {
+class Scope : public agent::CallScope {
  public:
   Scope(int64_t contextId, bool local, std::string worker)
       : contextId_(contextId), local_(local), worker_(std::move(worker)) {}
@@ -112,16 +112,16 @@ class Scope : public CallScope {
     fn();
   }
 
-  void outgoingResponse(Message& response) override {
-    if (response.type == MessageType::kException) return;
+  void outgoingResponse(message::Message& response) override {
+    if (response.type == message::MessageType::kException) return;
     auto ctx = Container::get().find(contextId_);
     if (!ctx) return;  // released while the call ran: the caller records nothing
     try {
-      wrap(response, MessageType::kAutogradRet, *ctx, local_);
+      wrap(response, message::MessageType::kAutogradRet, *ctx, local_);
     } catch (...) {
       uint64_t id = response.id;
-      response = exceptionMessage(
-          id, describeException(std::current_exception(), "distributed autograd (recording the response)",
+      response = message::exceptionMessage(
+          id, message::describeException(std::current_exception(), "distributed autograd (recording the response)",
                                 worker_));
     }
   }
@@ -134,7 +134,7 @@ class Scope : public CallScope {
 
 }  // namespace
 
-void Recorder::outgoingRequest(Message& request, int dst) {
+void Recorder::outgoingRequest(message::Message& request, int dst) {
   const int64_t id = Container::currentId();
   if (id < 0 || !recorded(request.type)) return;
   auto ctx = Container::get().find(id);
@@ -142,17 +142,17 @@ void Recorder::outgoingRequest(Message& request, int dst) {
               " but is still current on this thread");
   const bool local = dst == rank_;
   if (!local) ctx->addKnownWorker(dst);
-  wrap(request, MessageType::kAutogradCall, *ctx, local);
+  wrap(request, message::MessageType::kAutogradCall, *ctx, local);
 }
 
-void Recorder::incomingResponse(Message& response, int src) {
-  if (response.type != MessageType::kAutogradRet) return;
+void Recorder::incomingResponse(message::Message& response, int src) {
+  if (response.type != message::MessageType::kAutogradRet) return;
   // The caller's context may be gone (released before the response came).
   unwrap(response, src, [](int64_t id) { return Container::get().find(id); });
 }
 
-std::shared_ptr<CallScope> Recorder::incomingRequest(Message& request, int src) {
-  if (request.type != MessageType::kAutogradCall) return nullptr;
+std::shared_ptr<agent::CallScope> Recorder::incomingRequest(message::Message& request, int src) {
+  if (request.type != message::MessageType::kAutogradCall) return nullptr;
   std::shared_ptr<Context> ctx;
   Envelope e = unwrap(request, src, [&ctx](int64_t id) { return ctx = Container::get().getOrCreate(id); });
   const bool local = (e.flags & kLocal) != 0;

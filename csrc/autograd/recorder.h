@@ -22,13 +22,13 @@
 
 namespace torchrpc::autograd {
 
-class Recorder : public Interceptor {
+class Recorder : public agent::Interceptor {
  public:
   Recorder(int rank, std::string worker) : rank_(rank), worker_(std::move(worker)) {}
 
-  void outgoingRequest(Message& request, int dst) override;
-  void incomingResponse(Message& response, int src) override;
-  std::shared_ptr<CallScope> incomingRequest(Message& request, int src) override;
+  void outgoingRequest(message::Message& request, int dst) override;
+  void incomingResponse(message::Message& response, int src) override;
+  std::shared_ptr<agent::CallScope> incomingRequest(message::Message& request, int src) override;
   void stop() override;  // releases every context of this process
 
   const std::string& worker() const { return worker_; }

@@ -30,8 +30,8 @@
 #include "worker/worker.h"
 
 namespace py = pybind11;
-using torchrpc::Agent;
-using torchrpc::Message;
+using torchrpc::agent::Agent;
+using torchrpc::message::Message;
 namespace rref = torchrpc::rref;
 namespace pf = torchrpc::python_fallback;
 
@@ -43,8 +43,8 @@ namespace {
 void translateErrors(std::exception_ptr error) {
   try {
     if (error) std::rethrow_exception(error);
-  } catch (const torchrpc::RpcError& e) {
-    if (e.kind() == torchrpc::ErrorKind::kInvalidArgument) {
+  } catch (const torchrpc::common::RpcError& e) {
+    if (e.kind() == torchrpc::common::ErrorKind::kInvalidArgument) {
       PyErr_SetString(PyExc_ValueError, e.message().c_str());
     } else {
       PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
@@ -61,7 +61,7 @@ void translateErrors(std::exception_ptr error) {
 // An error as Python sees it: (kind, message, remote_type, remote_traceback);
 // torchrpc.errors.from_native turns it into an exception.
 py::tuple errorTuple(const std::exception_ptr& error) {
-  auto parts = torchrpc::errorParts(error);
+  auto parts = torchrpc::common::errorParts(error);
   return py::make_tuple(static_cast<int>(parts.kind), parts.message, parts.remoteType, parts.remoteTraceback);
 }
 
@@ -110,7 +110,7 @@ struct Call {
     if (future->completed()) return;  // completion callbacks find it done: they keep the GIL
     py::gil_scoped_release nogil;
     pf::PythonTurn::Pause pause;  // a Python call waiting: others may run
-    torchrpc::spinThenWait(*future);
+    torchrpc::common::spinThenWait(*future);
   }
 
   py::tuple result() const {
@@ -170,7 +170,7 @@ Call send(Agent& agent, int dst, Message&& m, double timeout, const std::string&
   std::optional<py::gil_scoped_release> nogil;
   if (sendMayWait(agent, dst, m)) nogil.emplace();
   auto future = agent.send(dst, std::move(m), timeout, kind, function);
-  if (auto refused = torchrpc::refusedBeforeSending(future)) std::rethrow_exception(refused);
+  if (auto refused = torchrpc::agent::refusedBeforeSending(future)) std::rethrow_exception(refused);
   return Call{std::move(future)};
 }
 
@@ -190,16 +190,16 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init<>())
       .def("stop", &pf::CallbackRunner::stop, py::arg("timeout") = 10.0, py::call_guard<py::gil_scoped_release>());
 
-  m.def("local_host_id", &torchrpc::localHostId);
+  m.def("local_host_id", &torchrpc::worker::localHostId);
 
   // The lifecycle (worker/worker.h). Peers are (name, rank, tcp address, unix
   // address, host id) tuples. before_serving(agent, rref_context) installs
   // the Python handlers.
-  py::class_<torchrpc::Worker, std::shared_ptr<torchrpc::Worker>>(m, "Worker")
+  py::class_<torchrpc::worker::Worker, std::shared_ptr<torchrpc::worker::Worker>>(m, "Worker")
       .def(py::init([](const std::string& name, int rank, int worldSize, size_t numThreads, double rpcTimeout,
                        const std::string& listenHost, const std::string& hostId, const py::object& store,
                        py::object beforeServing) {
-             torchrpc::AgentOptions o;
+             torchrpc::agent::AgentOptions o;
              o.name = name;
              o.rank = rank;
              o.worldSize = worldSize;
@@ -210,7 +210,7 @@ PYBIND11_MODULE(_C, m) {
              auto s = py::cast<c10::intrusive_ptr<c10d::Store>>(store);
              auto hook = pf::sharedPyObject(std::move(beforeServing));
              py::gil_scoped_release nogil;  // the rendezvous waits for the whole job
-             return std::make_shared<torchrpc::Worker>(o, std::move(s), [hook](Agent& a, rref::RRefContext& c) {
+             return std::make_shared<torchrpc::worker::Worker>(o, std::move(s), [hook](Agent& a, rref::RRefContext& c) {
                py::gil_scoped_acquire gil;
                (*hook)(a.shared_from_this(), c.shared_from_this());
              });
@@ -218,17 +218,17 @@ PYBIND11_MODULE(_C, m) {
            py::arg("name"), py::arg("rank"), py::arg("world_size"), py::arg("num_worker_threads"),
            py::arg("rpc_timeout"), py::arg("listen_host"), py::arg("host_id"), py::arg("store"),
            py::arg("before_serving"))
-      .def_property_readonly("agent", [](const torchrpc::Worker& w) { return w.agentPtr(); })
-      .def_property_readonly("rrefs", [](const torchrpc::Worker& w) { return w.rrefs(); })
+      .def_property_readonly("agent", [](const torchrpc::worker::Worker& w) { return w.agentPtr(); })
+      .def_property_readonly("rrefs", [](const torchrpc::worker::Worker& w) { return w.rrefs(); })
       .def("peers",
-           [](const torchrpc::Worker& w) {
+           [](const torchrpc::worker::Worker& w) {
              py::list out;
              for (const auto& p : w.peers()) out.append(py::make_tuple(p.name, p.rank, p.tcpAddress, p.unixAddress, p.hostId));
              return out;
            })
       // (None or the error tuple of why the graceful part failed, leaked owner RRefs)
-      .def("stop", [](torchrpc::Worker& w, bool graceful, double timeout) {
-        torchrpc::Worker::StopReport report;
+      .def("stop", [](torchrpc::worker::Worker& w, bool graceful, double timeout) {
+        torchrpc::worker::Worker::StopReport report;
         {
           py::gil_scoped_release nogil;
           report = w.stop(graceful, timeout);
@@ -261,7 +261,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<Agent, std::shared_ptr<Agent>>(m, "Agent")
       .def(py::init([](const std::string& name, int rank, int worldSize, size_t numThreads, double rpcTimeout,
                        const std::string& listenHost, const std::string& hostId) {
-             torchrpc::AgentOptions o;
+             torchrpc::agent::AgentOptions o;
              o.name = name;
              o.rank = rank;
              o.worldSize = worldSize;
@@ -276,9 +276,9 @@ PYBIND11_MODULE(_C, m) {
       .def("listen", &Agent::listen)
       .def("set_peers",
            [](Agent& a, const std::vector<std::tuple<std::string, int, std::string, std::string, std::string>>& peers) {
-             std::vector<torchrpc::PeerInfo> out;
+             std::vector<torchrpc::agent::PeerInfo> out;
              for (const auto& [name, rank, tcp, unixAddr, host] : peers) {
-               out.push_back(torchrpc::PeerInfo{name, rank, tcp, unixAddr, host});
+               out.push_back(torchrpc::agent::PeerInfo{name, rank, tcp, unixAddr, host});
              }
              a.setPeers(std::move(out));
            })
@@ -332,7 +332,7 @@ PYBIND11_MODULE(_C, m) {
                  late = !owner.waitValue(timeout);
                }
                if (late) {
-                 return py::make_tuple(false, py::make_tuple(static_cast<int>(torchrpc::ErrorKind::kTimeout),
+                 return py::make_tuple(false, py::make_tuple(static_cast<int>(torchrpc::common::ErrorKind::kTimeout),
                                                              "the value of RRef " + r.id().str() +
                                                                  " was not created within " + std::to_string(timeout) +
                                                                  " s",
@@ -397,7 +397,7 @@ PYBIND11_MODULE(_C, m) {
              std::optional<py::gil_scoped_release> nogil;
              if (sendMayWait(c.agent(), r->owner(), *msg)) nogil.emplace();
              auto future = c.methodCall(r, std::move(*msg), name, timeout, kind);
-             if (auto refused = torchrpc::refusedBeforeSending(future)) std::rethrow_exception(refused);
+             if (auto refused = torchrpc::agent::refusedBeforeSending(future)) std::rethrow_exception(refused);
              return Call{std::move(future)};
            })
       .def(
@@ -467,9 +467,9 @@ PYBIND11_MODULE(_C, m) {
     auto [byReports, byResponses] = ag::backwardEndings();
     py::dict d;
     d["kept_thread_states"] = pf::keptThreadStates();
-    d["receive_cache_bytes"] = torchrpc::receive_buffers::cachedBytes();
-    d["same_host_copied_bytes"] = torchrpc::same_host::copiedBytes();
-    d["loop_events_served_by_others"] = torchrpc::Loop::servedByOthers();
+    d["receive_cache_bytes"] = torchrpc::message::receive_buffers::cachedBytes();
+    d["same_host_copied_bytes"] = torchrpc::transport::same_host::copiedBytes();
+    d["loop_events_served_by_others"] = torchrpc::transport::Loop::servedByOthers();
     d["backwards_ended_by_reports"] = byReports;
     d["backwards_ended_by_responses"] = byResponses;
     return d;

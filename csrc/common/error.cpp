@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-namespace torchrpc {
+namespace torchrpc::common {
 
 namespace {
 std::string fullText(const std::string& message, const std::string& remoteType,
@@ -51,4 +51,4 @@ std::string errnoMessage(const char* what, int err) {
   return std::string(what) + ": " + text + " (errno " + std::to_string(err) + ")";
 }
 
-}  // namespace torchrpc
+}  // namespace torchrpc::common

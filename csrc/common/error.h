@@ -10,7 +10,7 @@
 #include <exception>
 #include <string>
 
-namespace torchrpc {
+namespace torchrpc::common {
 
 // Numbers are part of the Python binding (errors.py maps them); never renumber.
 enum class ErrorKind : int {
@@ -88,4 +88,4 @@ struct Fallible {
 // errno as text, for transport errors: "connect: Connection refused (errno 111)".
 std::string errnoMessage(const char* what, int err);
 
-}  // namespace torchrpc
+}  // namespace torchrpc::common

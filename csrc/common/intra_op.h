@@ -25,7 +25,7 @@ void omp_set_num_threads(int) __attribute__((weak));
 int MKL_Set_Num_Threads_Local(int) __attribute__((weak));  // the C entry (mkl_set_num_threads_local is Fortran's)
 }
 
-namespace torchrpc {
+namespace torchrpc::common {
 
 inline int intraOpThreads() {
   static const int n = [] {
@@ -47,4 +47,4 @@ inline void initIntraOpThreads() {
   if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(n);
 }
 
-}  // namespace torchrpc
+}  // namespace torchrpc::common

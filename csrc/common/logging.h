@@ -9,7 +9,7 @@
 #include <sstream>
 #include <string>
 
-namespace torchrpc {
+namespace torchrpc::common {
 
 inline bool debugLoggingEnabled() {
   static const bool enabled = [] {
@@ -23,18 +23,18 @@ inline void logLine(const std::string& worker, const std::string& text) {
   std::fprintf(stderr, "[torchrpc %s] %s\n", worker.c_str(), text.c_str());
 }
 
-}  // namespace torchrpc
+}  // namespace torchrpc::common
 
 #define TORCHRPC_WARN(worker, stream_expr)        \
   do {                                            \
     std::ostringstream torchrpc_log_ss_;          \
     torchrpc_log_ss_ << stream_expr;              \
-    ::torchrpc::logLine(worker, torchrpc_log_ss_.str()); \
+    ::torchrpc::common::logLine(worker, torchrpc_log_ss_.str()); \
   } while (0)
 
 #define TORCHRPC_DEBUG(worker, stream_expr)               \
   do {                                                    \
-    if (::torchrpc::debugLoggingEnabled()) {              \
+    if (::torchrpc::common::debugLoggingEnabled()) {              \
       TORCHRPC_WARN(worker, stream_expr);                 \
     }                                                     \
   } while (0)

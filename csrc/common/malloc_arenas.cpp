@@ -9,7 +9,7 @@
 #include <malloc.h>
 #endif
 
-namespace torchrpc {
+namespace torchrpc::common {
 
 void reserveMallocArenas(size_t threads) {
 #if defined(__GLIBC__) && defined(M_ARENA_MAX)
@@ -25,4 +25,4 @@ void reserveMallocArenas(size_t threads) {
 #endif
 }
 
-}  // namespace torchrpc
+}  // namespace torchrpc::common

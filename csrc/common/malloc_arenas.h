@@ -20,8 +20,8 @@
 
 #include <cstddef>
 
-namespace torchrpc {
+namespace torchrpc::common {
 
 void reserveMallocArenas(size_t threads);
 
-}  // namespace torchrpc
+}  // namespace torchrpc::common

@@ -3,7 +3,7 @@
 #include <atomic>
 #include <cstdlib>
 
-namespace torchrpc {
+namespace torchrpc::common {
 
 namespace {
 
@@ -50,4 +50,4 @@ void setTrainingSpin(bool on) {
   trainingSpin.store(on, std::memory_order_relaxed);
 }
 
-}  // namespace torchrpc
+}  // namespace torchrpc::common

@@ -2,40 +2,30 @@
 
 // Bounded spinning before a blocking wait.
 //
-// Waking a sleeping thread costs ~20 us on small VMs, several times the cost
-// of the work of a tiny RPC, and a call crosses four such waits (callee I/O
-// thread, callee pool thread, caller I/O thread, caller). Each of these waits
-// first polls its condition for a short budget (yielding the CPU on every
-// round, so runnable work is never starved), and only then sleeps. The budget
-// only applies right after activity: an idle worker sleeps and uses no CPU.
+// Waking a sleeping thread costs more than the work of a tiny RPC, and a
+// call crosses four such waits (callee I/O thread, callee pool thread, caller
+// I/O thread, caller). Each first polls its condition for a short budget,
+// yielding on every round, and only then sleeps. The budget applies only
+// right after activity: an idle worker sleeps and uses no CPU.
 //
-// TORCHRPC_SPIN_US sets the budget in microseconds (default 300; 0 disables).
-// The budget must outlast a round trip in which every site sleeps (four
-// wake-ups, 150-250 us on this VM), or a pair of workers can settle there:
-// each side's next message comes after its polls ran out, so each side
-// sleeps, so the round trip stays slow. With 100 us, Python calls and RRef
-// proxies ran whole rounds of 1000 calls at 150-220 us instead of 45-55 us
-// (8 rounds of 60 after 2 s idle and a fresh RRef; 0 of 60 with 300 us).
-// Wait sites that come back often use AdaptiveSpin (below): a site whose
-// waits keep lasting far longer than its poll stops polling.
+// TORCHRPC_SPIN_US sets the budget (default 300 us; 0 disables). It must
+// outlast a round trip in which every site sleeps, or a pair of workers can
+// settle into that slow mode. Wait sites that come back often use
+// AdaptiveSpin (below).
 //
-// Training budget. While this process takes part in a distributed autograd
-// context, the budget is TORCHRPC_SPIN_AUTOGRAD_US (default 2000). A training
-// iteration is a chain of dependent calls with gaps of a few hundred us of
-// compute in between (the split RNN: a proxy call, the LSTM, a proxy call,
-// three backward hops, the optimizer step). With the short budget every
-// thread on the other side is asleep when the next message comes, and a
-// worker whose CPU went idle also runs its code 2-3x slower at first (cold
-// caches on the VM's idle vCPU): a proxy call cost 275-330 us in the loop
-// against 83-130 us back to back. Still bounded: a worker with an open
-// context but no traffic sleeps after 2 ms.
+// While this process takes part in a distributed autograd context, the
+// budget is TORCHRPC_SPIN_AUTOGRAD_US (default 2000): a training iteration is
+// a chain of dependent calls with a little compute in between, and with the
+// short budget every thread on the other side is asleep when the next
+// message comes. A worker with an open context but no traffic still sleeps.
+// Measurements: benchmarks/HISTORY.md.
 
 #include <sched.h>
 
 #include <algorithm>
 #include <chrono>
 
-namespace torchrpc {
+namespace torchrpc::common {
 
 // The current budget: TORCHRPC_SPIN_US, or the training budget while
 // setTrainingSpin(true) holds; zero when TORCHRPC_SPIN_US=0.
@@ -64,18 +54,14 @@ bool spinUntil(Ready&& ready, std::chrono::microseconds budget = spinBudget()) {
 // One thread's wait site that learns whether polling pays. until() polls
 // (or not); the site then sleeps if it must, and calls done() when its wait
 // is over (always: done() is what learns). A wait is long when it lasted
-// over kLongWait and over twice the budget, so that no poll could have ended it. After kGiveUp long waits in a
-// row (a CPU-bound callee, a peer that calls rarely) the site sleeps at once,
-// until a wait is short again; polling through a long wait only takes a core
-// from threads that compute. A CPU-bound script callee with 2 callers on 2
-// cores (each caller's calling and I/O threads polled ~100 us per call of
-// ~1.7 ms), 3 interleaved A/B runs: 859-910 -> 944-981 calls/s; 1 caller
-// lost 2-4% (574-580 -> 556-570 calls/s).
+// over kLongWait and over twice the budget, so that no poll could have ended
+// it. After kGiveUp long waits in a row (a CPU-bound callee, a peer that
+// calls rarely) the site sleeps at once, until a wait is short again:
+// polling through a long wait only takes a core from threads that compute.
 //
-// Why not "the poll ran out" as the test: when every site sleeps at once, a
-// round trip is several wake-ups long, longer than any poll, so no site would
-// ever learn that polling pays again (rref.rpc_sync().method() read 241 us
-// against 57 us after the benchmark's CPU-bound scenario).
+// "The poll ran out" would be the wrong test: when every site sleeps at
+// once, a round trip is longer than any poll, so no site would ever learn
+// that polling pays again.
 //
 // `longFactor` sets "long" to over longFactor times the budget instead: 1
 // for a site whose budget outlasts any round trip (a pool thread after a
@@ -116,4 +102,4 @@ void spinThenWait(Future& future) {
   spin.done();
 }
 
-}  // namespace torchrpc
+}  // namespace torchrpc::common

@@ -6,9 +6,9 @@
 
 #include <pthread.h>
 
-namespace torchrpc {
+namespace torchrpc::common {
 
 // `name` must be at most 15 characters (the kernel's limit).
 inline void nameThisThread(const char* name) { pthread_setname_np(pthread_self(), name); }
 
-}  // namespace torchrpc
+}  // namespace torchrpc::common

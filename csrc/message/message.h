@@ -13,7 +13,7 @@
 
 #include "message/message_type.h"
 
-namespace torchrpc {
+namespace torchrpc::message {
 
 struct Message {
   MessageType type{MessageType::kHello};
@@ -22,4 +22,4 @@ struct Message {
   std::vector<at::Tensor> tensors;
 };
 
-}  // namespace torchrpc
+}  // namespace torchrpc::message

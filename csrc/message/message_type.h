@@ -2,7 +2,7 @@
 
 #include <cstdint>
 
-namespace torchrpc {
+namespace torchrpc::message {
 
 // Every kind of frame on the wire. The numbers ARE the wire format: never
 // renumber or reuse one; leave the gaps for the concept that owns them.
@@ -57,4 +57,4 @@ inline bool isResponse(MessageType t) {
 
 const char* messageTypeName(MessageType t);
 
-}  // namespace torchrpc
+}  // namespace torchrpc::message

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <unordered_map>
 
-namespace torchrpc {
+namespace torchrpc::message {
 
 namespace {
 
@@ -151,4 +151,4 @@ RemoteException describeException(std::exception_ptr error, std::string function
   return r;
 }
 
-}  // namespace torchrpc
+}  // namespace torchrpc::message

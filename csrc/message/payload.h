@@ -13,7 +13,7 @@
 
 #include "message/message.h"
 
-namespace torchrpc {
+namespace torchrpc::message {
 
 // Pickles `value` into a message (inside a PickleScope, see below).
 Message ivalueMessage(MessageType type, uint64_t id, const c10::IValue& value);
@@ -80,4 +80,4 @@ RemoteException messageException(const Message& message);
 RemoteException describeException(std::exception_ptr error, std::string function,
                                   std::string worker);
 
-}  // namespace torchrpc
+}  // namespace torchrpc::message

@@ -15,7 +15,7 @@
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; older kernels answer EINVAL
 #endif
 
-namespace torchrpc::receive_buffers {
+namespace torchrpc::message::receive_buffers {
 
 namespace {
 
@@ -131,4 +131,4 @@ at::Tensor empty(const std::vector<int64_t>& sizes, c10::ScalarType dtype, uint6
 
 uint64_t cachedBytes() { return Cache::instance().cached(); }
 
-}  // namespace torchrpc::receive_buffers
+}  // namespace torchrpc::message::receive_buffers

@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace torchrpc::receive_buffers {
+namespace torchrpc::message::receive_buffers {
 
 constexpr uint64_t kMinBytes = 4u << 20;
 
@@ -32,4 +32,4 @@ at::Tensor empty(const std::vector<int64_t>& sizes, c10::ScalarType dtype, uint6
 // Bytes of free blocks now cached (for tests and debugging).
 uint64_t cachedBytes();
 
-}  // namespace torchrpc::receive_buffers
+}  // namespace torchrpc::message::receive_buffers

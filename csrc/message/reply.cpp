@@ -2,7 +2,7 @@
 
 #include "common/logging.h"
 
-namespace torchrpc {
+namespace torchrpc::message {
 
 Reply::Reply(uint64_t id, std::string worker, Send send) : state_(std::make_shared<State>()) {
   state_->id = id;
@@ -75,4 +75,4 @@ Reply Reply::through(std::function<void(Message&)> before) const {
   });
 }
 
-}  // namespace torchrpc
+}  // namespace torchrpc::message

@@ -23,7 +23,7 @@
 #include "message/message.h"
 #include "message/payload.h"
 
-namespace torchrpc {
+namespace torchrpc::message {
 
 class Reply {
  public:
@@ -71,4 +71,4 @@ class Reply {
   std::shared_ptr<State> state_;
 };
 
-}  // namespace torchrpc
+}  // namespace torchrpc::message

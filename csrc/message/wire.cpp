@@ -8,7 +8,7 @@
 
 #include "message/receive_buffers.h"
 
-namespace torchrpc {
+namespace torchrpc::message {
 
 const char* messageTypeName(MessageType t) {
   switch (t) {
@@ -390,4 +390,4 @@ std::vector<ReceivedFrame> FrameReader::takeFrames() {
   return out;
 }
 
-}  // namespace torchrpc
+}  // namespace torchrpc::message

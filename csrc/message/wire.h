@@ -28,7 +28,7 @@
 
 #include "message/message.h"
 
-namespace torchrpc {
+namespace torchrpc::message {
 
 constexpr uint32_t kFrameMagic = 0x43505254;  // "TRPC"
 constexpr uint16_t kWireVersion = 2;
@@ -116,4 +116,4 @@ class FrameReader {
   std::string error_;
 };
 
-}  // namespace torchrpc
+}  // namespace torchrpc::message

@@ -24,7 +24,7 @@ int64_t nextId = 0;
 std::mutex stepMutex;  // one step at a time on this worker
 
 std::string workerName() {
-  auto agent = Agent::current();
+  auto agent = agent::Agent::current();
   return agent ? agent->options().name : std::string("this worker");
 }
 

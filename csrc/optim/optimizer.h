@@ -3,7 +3,7 @@
 // The owner's half of DistributedOptimizer (torchrpc/optim/): functional
 // optimizers, stepped from C++ without the GIL.
 //
-// A functional optimizer is a TorchScript object (torchrpc/optim/functional.py)
+// A functional optimizer is a TorchScript object (torchrpc/optim/functional/)
 // with `step(gradients: List[Optional[Tensor]]) -> None` that updates the
 // parameters it was made with. The owner registers it here with those
 // parameters; the op `torchrpc::optimizer_step(id, context_id)`, sent as a

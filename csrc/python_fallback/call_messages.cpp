@@ -66,7 +66,7 @@ c10::impl::GenericDict anyDict(const py::dict& kwargs) {
 
 }  // namespace
 
-Message scriptCallMessage(const std::string& name, const std::string& moduleHint, py::handle fn, const py::tuple& args,
+message::Message scriptCallMessage(const std::string& name, const std::string& moduleHint, py::handle fn, const py::tuple& args,
                           const py::dict& kwargs, const py::object& shipped) {
   auto f = py::cast<torch::jit::StrongFunctionPtr>(fn);
   const auto& schema = f.function_->getSchema();
@@ -82,7 +82,7 @@ Message scriptCallMessage(const std::string& name, const std::string& moduleHint
                                             std::move(code));
 }
 
-Message namedCallMessage(const std::string& name, const py::tuple& args, const py::dict& kwargs,
+message::Message namedCallMessage(const std::string& name, const py::tuple& args, const py::dict& kwargs,
                          const std::string& callKind) {
   std::vector<c10::IValue> stack;
   for (auto arg : args) stack.push_back(torch::jit::toIValue(arg, c10::AnyType::get()));
@@ -92,11 +92,11 @@ Message namedCallMessage(const std::string& name, const py::tuple& args, const p
 // Trying an overload that refuses the arguments costs an exception, so the
 // overload found for the same kinds of arguments (argumentKinds) is
 // remembered and tried alone.
-Message builtinCallMessage(const std::string& opName, const py::tuple& args, const py::dict& kwargs,
+message::Message builtinCallMessage(const std::string& opName, const py::tuple& args, const py::dict& kwargs,
                            std::string* schemaName) {
   static std::mutex mutex;
   static std::unordered_map<std::string, std::shared_ptr<torch::jit::Operator>> matched;
-  auto tryOverload = [&](const torch::jit::Operator& op, std::string* errors) -> std::optional<Message> {
+  auto tryOverload = [&](const torch::jit::Operator& op, std::string* errors) -> std::optional<message::Message> {
     const auto& schema = op.schema();
     std::vector<c10::IValue> stack;
     try {
@@ -132,11 +132,11 @@ Message builtinCallMessage(const std::string& opName, const py::tuple& args, con
                        errors);
 }
 
-Message pythonCallMessage(const py::bytes& payload, std::vector<at::Tensor> tensors) {
-  return Message{MessageType::kPythonCall, 0, std::string(payload), std::move(tensors)};
+message::Message pythonCallMessage(const py::bytes& payload, std::vector<at::Tensor> tensors) {
+  return message::Message{message::MessageType::kPythonCall, 0, std::string(payload), std::move(tensors)};
 }
 
-std::optional<Message> methodCallMessage(const rref::RRefId& rrefId, const std::string& name, const py::tuple& args,
+std::optional<message::Message> methodCallMessage(const rref::RRefId& rrefId, const std::string& name, const py::tuple& args,
                                          const py::dict& kwargs) {
   const bool grads = gradsRecorded();
   auto argValues = plainIValue(args, grads);

@@ -22,26 +22,26 @@ namespace torchrpc::python_fallback {
 // A SCRIPT_CALL of the TorchScript function `fn` (a torch.jit.ScriptFunction),
 // its arguments matched to its schema here. `shipped`: None, or the (format,
 // sha1, code) of script_dispatch/shipped_code.h.
-Message scriptCallMessage(const std::string& name, const std::string& moduleHint, pybind11::handle fn,
+message::Message scriptCallMessage(const std::string& name, const std::string& moduleHint, pybind11::handle fn,
                           const pybind11::tuple& args, const pybind11::dict& kwargs,
                           const pybind11::object& shipped);
 
 // A SCRIPT_CALL of a function the callee knows by `name`; the callee matches
 // the arguments.
-Message namedCallMessage(const std::string& name, const pybind11::tuple& args, const pybind11::dict& kwargs,
+message::Message namedCallMessage(const std::string& name, const pybind11::tuple& args, const pybind11::dict& kwargs,
                          const std::string& callKind);
 
 // A BUILTIN_CALL of the first overload of `opName` ("aten::add") that accepts
 // the arguments; *schemaName gets that overload's name ("aten::add.Tensor").
-Message builtinCallMessage(const std::string& opName, const pybind11::tuple& args, const pybind11::dict& kwargs,
+message::Message builtinCallMessage(const std::string& opName, const pybind11::tuple& args, const pybind11::dict& kwargs,
                            std::string* schemaName);
 
 // A PYTHON_CALL: a pickle of (function, arguments) and the tensors it left out.
-Message pythonCallMessage(const pybind11::bytes& payload, std::vector<at::Tensor> tensors);
+message::Message pythonCallMessage(const pybind11::bytes& payload, std::vector<at::Tensor> tensors);
 
 // An RREF_METHOD_CALL of rref's value's method `name`, when every argument is
 // plain (plainIValue); nullopt when one is not (the caller then pickles).
-std::optional<Message> methodCallMessage(const rref::RRefId& rrefId, const std::string& name,
+std::optional<message::Message> methodCallMessage(const rref::RRefId& rrefId, const std::string& name,
                                          const pybind11::tuple& args, const pybind11::dict& kwargs);
 
 }  // namespace torchrpc::python_fallback

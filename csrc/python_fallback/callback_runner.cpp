@@ -14,8 +14,8 @@ namespace torchrpc::python_fallback {
 
 CallbackRunner::CallbackRunner() : state_(std::make_shared<State>()) {
   thread_ = std::thread([state = state_] {
-    nameThisThread("rpc-callbacks");
-    initIntraOpThreads();
+    common::nameThisThread("rpc-callbacks");
+    common::initIntraOpThreads();
     run(state);
   });
 }
@@ -72,7 +72,7 @@ void CallbackRunner::runOne(std::shared_ptr<py::object>& cb) {
 }
 
 void CallbackRunner::run(const std::shared_ptr<State>& state) {
-  AdaptiveSpin spin;
+  common::AdaptiveSpin spin;
   while (true) {
     spin.until([&] { return state->queued.load() > 0; });
     std::deque<std::shared_ptr<py::object>> batch;

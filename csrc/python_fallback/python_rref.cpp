@@ -155,7 +155,7 @@ void installRRefPython(rref::RRefContext& ctx, py::object encoder, py::object me
   });
   ctx.setPythonMethodRunner([method, encode, worker](uint64_t id, const c10::IValue& object,
                                                      const std::string& name, const c10::IValue& args,
-                                                     const c10::IValue& kwargs, Reply reply) {
+                                                     const c10::IValue& kwargs, message::Reply reply) {
     runAndRespond(
         worker, reply,
         [&] {
@@ -167,7 +167,7 @@ void installRRefPython(rref::RRefContext& ctx, py::object encoder, py::object me
           // 1-tuple, as RREF_FETCH answers); anything else is pickled.
           TORCH_CHECK(out[0].cast<std::string>() == "value", "unknown outcome");
           if (auto value = plainIValue(out[1], gradsRecorded())) {
-            return ivalueMessage(MessageType::kScriptRet, id, c10::ivalue::Tuple::create({std::move(*value)}));
+            return message::ivalueMessage(message::MessageType::kScriptRet, id, c10::ivalue::Tuple::create({std::move(*value)}));
           }
           return pythonResponse((*encode)(out[1], out[2]), id, worker);
         });

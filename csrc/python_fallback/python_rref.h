@@ -32,8 +32,8 @@ c10::IValue pyObjectIValue(pybind11::object obj);
 // dicts of one exact element type (tensor, int, float, bool or str). A
 // tensor that requires grad is plain only if `grads` (gradsRecorded()).
 // The one check of RRef proxies (both ends), and several times cheaper than
-// torch::jit::toIValue(obj, AnyType), which infers a full type first (34 us
-// of a proxy call in a training loop). Needs the GIL.
+// torch::jit::toIValue(obj, AnyType), which infers a full type first. Needs
+// the GIL.
 std::optional<c10::IValue> plainIValue(const pybind11::handle& obj, bool grads);
 
 // Whether a tensor that requires grad, sent from this thread as an IValue,

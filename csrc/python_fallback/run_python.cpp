@@ -25,7 +25,7 @@ std::shared_ptr<py::object> sharedPyObject(py::object obj) {
   });
 }
 
-py::tuple callPythonHandler(const py::object& handler, Message& request, int callerRank) {
+py::tuple callPythonHandler(const py::object& handler, message::Message& request, int callerRank) {
   py::list tensors;
   for (auto& t : request.tensors) tensors.append(py::cast(std::move(t)));
   auto view = py::memoryview::from_memory(request.payload.data(),
@@ -33,8 +33,8 @@ py::tuple callPythonHandler(const py::object& handler, Message& request, int cal
   return handler(view, tensors, callerRank);
 }
 
-RemoteException remoteExceptionFrom(const py::tuple& out, const std::string& worker) {
-  return RemoteException{out[1].cast<std::string>(), out[2].cast<std::string>(),
+message::RemoteException remoteExceptionFrom(const py::tuple& out, const std::string& worker) {
+  return message::RemoteException{out[1].cast<std::string>(), out[2].cast<std::string>(),
                          out[3].cast<std::string>(), out[4].cast<std::string>(), worker};
 }
 
@@ -49,31 +49,31 @@ std::shared_ptr<script_dispatch::Callee> calleeFromPython(const py::handle& scri
 
 namespace {
 
-Message bridgeFailure(uint64_t id, const std::string& what, const std::string& worker) {
+message::Message bridgeFailure(uint64_t id, const std::string& what, const std::string& worker) {
   // The handler reports user errors as ("err", ...); this is a bridge bug.
-  return exceptionMessage(id, RemoteException{"RuntimeError", "torchrpc's Python handler failed: " + what,
+  return message::exceptionMessage(id, message::RemoteException{"RuntimeError", "torchrpc's Python handler failed: " + what,
                                               "", "<python call>", worker});
 }
 
 }  // namespace
 
-Message pythonResponse(const py::handle& outcome, uint64_t id, const std::string& worker) {
+message::Message pythonResponse(const py::handle& outcome, uint64_t id, const std::string& worker) {
   py::tuple out = py::reinterpret_borrow<py::tuple>(outcome);
   if (out[0].cast<std::string>() == "ok") {
-    Message response;
-    response.type = MessageType::kPythonRet;
+    message::Message response;
+    response.type = message::MessageType::kPythonRet;
     response.id = id;
     response.payload = out[1].cast<std::string>();
     for (auto t : out[2]) response.tensors.push_back(py::cast<at::Tensor>(t));
     return response;
   }
-  return exceptionMessage(id, remoteExceptionFrom(out, worker));
+  return message::exceptionMessage(id, remoteExceptionFrom(out, worker));
 }
 
-void runAndRespond(const std::string& worker, const Reply& reply, const std::function<py::object()>& handler,
+void runAndRespond(const std::string& worker, const message::Reply& reply, const std::function<py::object()>& handler,
                    const OutcomeResponse& other) {
   const uint64_t id = reply.id();
-  Message response;
+  message::Message response;
   {
     PythonTurn turn;  // before the GIL: see python_turn.h
     Gil gil;
@@ -85,7 +85,7 @@ void runAndRespond(const std::string& worker, const Reply& reply, const std::fun
         // (its value is already an outcome tuple); this thread is free now.
         auto future = py::cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>(out[1])->fut;
         future->addCallback([id, worker, reply](c10::ivalue::Future& done) {
-          Message late;
+          message::Message late;
           {
             Gil gil;
             try {
@@ -114,8 +114,8 @@ void runAndRespond(const std::string& worker, const Reply& reply, const std::fun
 
 namespace {
 
-RemoteException handlerFailure(const std::string& why, const std::string& worker) {
-  return RemoteException{"RuntimeError", "torchrpc's Python remote() handler failed: " + why, "",
+message::RemoteException handlerFailure(const std::string& why, const std::string& worker) {
+  return message::RemoteException{"RuntimeError", "torchrpc's Python remote() handler failed: " + why, "",
                          "<python call>", worker};
 }
 
@@ -123,7 +123,7 @@ RemoteException handlerFailure(const std::string& why, const std::string& worker
 // outcome tuple. Needs the GIL; `reply` is answered after it is released.
 struct Outcome {
   c10::IValue value;
-  std::optional<RemoteException> error;
+  std::optional<message::RemoteException> error;
 
   static Outcome of(const py::tuple& out, const std::string& worker) {
     Outcome o;
@@ -136,7 +136,7 @@ struct Outcome {
   }
 
   // Call without the GIL: completing a value runs fetch callbacks, which take it.
-  void answer(const Reply& reply) {
+  void answer(const message::Reply& reply) {
     if (error) {
       reply.error(*error);
     } else {
@@ -146,8 +146,8 @@ struct Outcome {
 };
 
 // The owner's run of a remote()'s Python call: the value stays a Python object.
-void runForValue(const py::object& handler, Message& call, int callerRank, const std::string& worker,
-                 const Reply& reply) {
+void runForValue(const py::object& handler, message::Message& call, int callerRank, const std::string& worker,
+                 const message::Reply& reply) {
   Outcome now;
   c10::intrusive_ptr<c10::ivalue::Future> later;
   {
@@ -190,12 +190,12 @@ void runForValue(const py::object& handler, Message& call, int callerRank, const
 
 }  // namespace
 
-void installPythonHandler(Agent& agent, py::object call, py::object remote) {
+void installPythonHandler(agent::Agent& agent, py::object call, py::object remote) {
   auto forCaller = sharedPyObject(std::move(call));
   auto forValue = sharedPyObject(std::move(remote));
   const std::string worker = agent.options().name;
-  agent.setHandler(MessageType::kPythonCall,
-                   [forCaller, forValue, worker](Message&& request, int callerRank, Reply reply) {
+  agent.setHandler(message::MessageType::kPythonCall,
+                   [forCaller, forValue, worker](message::Message&& request, int callerRank, message::Reply reply) {
                      if (reply.wantsValue()) {
                        runForValue(*forValue, request, callerRank, worker, reply);
                        return;
@@ -204,7 +204,7 @@ void installPythonHandler(Agent& agent, py::object call, py::object remote) {
                    });
 }
 
-void installScriptResolver(Agent& agent, py::object resolver) {
+void installScriptResolver(agent::Agent& agent, py::object resolver) {
   auto fn = sharedPyObject(std::move(resolver));
   agent.registry().setResolver(
       [fn](const std::string& name, const std::string& hint) -> std::shared_ptr<script_dispatch::Callee> {

@@ -20,10 +20,10 @@ namespace torchrpc::python_fallback {
 //   remote  for an RRef's owner, which keeps the value (a reply that wants
 //           it, see message/reply.h), returns ("ok", value) or the "err"
 //           tuple, or ("async", future of such a tuple).
-void installPythonHandler(Agent& agent, pybind11::object call, pybind11::object remote);
+void installPythonHandler(agent::Agent& agent, pybind11::object call, pybind11::object remote);
 
 // resolver(name: str, module_hint: str) -> torch.jit.ScriptFunction | None
-void installScriptResolver(Agent& agent, pybind11::object resolver);
+void installScriptResolver(agent::Agent& agent, pybind11::object resolver);
 
 // A ScriptFunction, or a ScriptModule (its forward), as a GIL-free callee.
 std::shared_ptr<script_dispatch::Callee> calleeFromPython(const pybind11::handle& scriptFunction);
@@ -34,22 +34,22 @@ std::shared_ptr<pybind11::object> sharedPyObject(pybind11::object obj);
 
 // Calls handler(payload as memoryview, tensors, caller_rank), as every
 // Python handler is called (the payload is viewed, not copied). Needs the GIL.
-pybind11::tuple callPythonHandler(const pybind11::object& handler, Message& request, int callerRank);
+pybind11::tuple callPythonHandler(const pybind11::object& handler, message::Message& request, int callerRank);
 
 // The exception of a handler's ("err", type, message, traceback, function).
-RemoteException remoteExceptionFrom(const pybind11::tuple& outcome, const std::string& worker);
+message::RemoteException remoteExceptionFrom(const pybind11::tuple& outcome, const std::string& worker);
 
 // The response for an ("ok", payload, tensors) or ("err", ...) outcome:
 // PYTHON_RET or EXCEPTION. Needs the GIL.
-Message pythonResponse(const pybind11::handle& outcome, uint64_t id, const std::string& worker);
+message::Message pythonResponse(const pybind11::handle& outcome, uint64_t id, const std::string& worker);
 
 // Runs `handler` in a Python turn under the GIL and answers `reply` once with
 // its outcome: ("ok", ...) and ("err", ...) at once, ("async", future) when
 // the future (of such an outcome) completes. `other`, if given, makes the
 // response of any other outcome (under the GIL); an outcome neither knows,
 // or an exception, is answered as the bridge's failure.
-using OutcomeResponse = std::function<Message(const pybind11::tuple& outcome)>;
-void runAndRespond(const std::string& worker, const Reply& reply, const std::function<pybind11::object()>& handler,
+using OutcomeResponse = std::function<message::Message(const pybind11::tuple& outcome)>;
+void runAndRespond(const std::string& worker, const message::Reply& reply, const std::function<pybind11::object()>& handler,
                    const OutcomeResponse& other = nullptr);
 
 }  // namespace torchrpc::python_fallback

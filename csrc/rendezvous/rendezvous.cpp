@@ -6,19 +6,19 @@
 #include <sstream>
 #include <unordered_map>
 
-namespace torchrpc {
+namespace torchrpc::rendezvous {
 
 namespace {
 
 std::vector<uint8_t> bytesOf(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 
-std::string encode(const PeerInfo& p) {
+std::string encode(const agent::PeerInfo& p) {
   return p.name + "\n" + std::to_string(p.rank) + "\n" + p.tcpAddress + "\n" + p.unixAddress + "\n" + p.hostId;
 }
 
-PeerInfo decode(const std::vector<uint8_t>& bytes, int expectedRank) {
+agent::PeerInfo decode(const std::vector<uint8_t>& bytes, int expectedRank) {
   std::istringstream in(std::string(bytes.begin(), bytes.end()));
-  PeerInfo p;
+  agent::PeerInfo p;
   std::string rank;
   if (!std::getline(in, p.name) || !std::getline(in, rank) || !std::getline(in, p.tcpAddress) ||
       !std::getline(in, p.unixAddress)) {
@@ -45,12 +45,12 @@ Rendezvous::Rendezvous(c10::intrusive_ptr<c10d::Store> store, int rank, int worl
   store_ = c10::make_intrusive<c10d::PrefixStore>("torchrpc/" + std::to_string(generation), store);
 }
 
-std::vector<PeerInfo> Rendezvous::exchange(const PeerInfo& me) {
+std::vector<agent::PeerInfo> Rendezvous::exchange(const agent::PeerInfo& me) {
   store_->set("worker/" + std::to_string(rank_), bytesOf(encode(me)));
   auto keys = keysFor("worker/", worldSize_);
   store_->wait(keys);
   auto values = store_->multiGet(keys);
-  std::vector<PeerInfo> peers;
+  std::vector<agent::PeerInfo> peers;
   std::unordered_map<std::string, int> byName;
   for (int r = 0; r < worldSize_; ++r) {
     peers.push_back(decode(values[r], r));
@@ -72,4 +72,4 @@ void Rendezvous::barrier(const std::string& tag, double timeoutSeconds) {
   if (rank_ == 0) store_->wait(keysFor(tag + "/left/", worldSize_), timeout);
 }
 
-}  // namespace torchrpc
+}  // namespace torchrpc::rendezvous

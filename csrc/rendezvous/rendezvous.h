@@ -18,7 +18,7 @@
 
 #include "agent/agent.h"
 
-namespace torchrpc {
+namespace torchrpc::rendezvous {
 
 class Rendezvous {
  public:
@@ -27,7 +27,7 @@ class Rendezvous {
   // Publishes `me`; returns every worker's record, by rank, once all are in.
   // Waits up to the store's timeout. Throws c10::ValueError if two workers
   // have the same name.
-  std::vector<PeerInfo> exchange(const PeerInfo& me);
+  std::vector<agent::PeerInfo> exchange(const agent::PeerInfo& me);
   // Returns once every worker reached barrier `tag`; rank 0 (which may host
   // the store) also waits until everyone has left it. Throws on timeout.
   void barrier(const std::string& tag, double timeoutSeconds);
@@ -38,4 +38,4 @@ class Rendezvous {
   int worldSize_;
 };
 
-}  // namespace torchrpc
+}  // namespace torchrpc::rendezvous

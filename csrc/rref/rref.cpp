@@ -43,19 +43,19 @@ bool OwnerRRef::waitValue(double seconds) const {
   return ready.wait_for(std::chrono::duration<double>(seconds)) == std::future_status::ready;
 }
 
-void OwnerRRef::setError(const RemoteException& error) {
+void OwnerRRef::setError(const message::RemoteException& error) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     error_ = error;
   }
-  value_->setError(makeRpcError(
-      ErrorKind::kRemote,
+  value_->setError(common::makeRpcError(
+      common::ErrorKind::kRemote,
       error.message + " (raised on " + error.worker + " while creating the value of RRef " +
           id_.str() + " with '" + error.function + "')",
       error.type, error.traceback));
 }
 
-std::optional<RemoteException> OwnerRRef::error() const {
+std::optional<message::RemoteException> OwnerRRef::error() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return error_;
 }

@@ -100,9 +100,9 @@ class OwnerRRef final : public RRef {
   const FuturePtr& value() const { return value_; }
   void setValue(c10::IValue value);
   // Creation failed on this worker: keep the exception for fetches.
-  void setError(const RemoteException& error);
+  void setError(const message::RemoteException& error);
   // The creation error, if any (set before value() completes).
-  std::optional<RemoteException> error() const;
+  std::optional<message::RemoteException> error() const;
   // Blocks until value() completes, at most `seconds` (<= 0: no limit);
   // false if it did not. The caller releases the GIL (or any lock) first.
   bool waitValue(double seconds) const;
@@ -110,7 +110,7 @@ class OwnerRRef final : public RRef {
  private:
   FuturePtr value_;
   mutable std::mutex mutex_;
-  std::optional<RemoteException> error_;
+  std::optional<message::RemoteException> error_;
 };
 
 // States of a UserRRef (transitions under the context's lock, or atomic):

@@ -22,7 +22,7 @@ std::mutex currentMutex;
 std::weak_ptr<RRefContext> currentContext;
 }  // namespace
 
-std::shared_ptr<RRefContext> RRefContext::create(std::shared_ptr<Agent> agent) {
+std::shared_ptr<RRefContext> RRefContext::create(std::shared_ptr<agent::Agent> agent) {
   std::shared_ptr<RRefContext> ctx(new RRefContext(std::move(agent)));
   ctx->owners_ = std::make_unique<OwnerTable>(ctx, ctx->rank_);
   ctx->installHandlers();
@@ -40,7 +40,7 @@ std::shared_ptr<RRefContext> RRefContext::current() {
   return ctx && !ctx->stopped_ ? ctx : nullptr;
 }
 
-RRefContext::RRefContext(std::shared_ptr<Agent> agent)
+RRefContext::RRefContext(std::shared_ptr<agent::Agent> agent)
     : agent_(std::move(agent)), rank_(agent_->options().rank) {}
 
 RRefContext::~RRefContext() = default;
@@ -71,7 +71,7 @@ std::shared_ptr<OwnerRRef> RRefContext::createOwner(c10::IValue value) {
 
 // ---- remote() ------------------------------------------------------------------
 
-void RRefContext::runCreation(const std::shared_ptr<OwnerRRef>& owner, Message&& call, int callerRank,
+void RRefContext::runCreation(const std::shared_ptr<OwnerRRef>& owner, message::Message&& call, int callerRank,
                               InFlight::Token token, std::function<void()> done) {
   std::weak_ptr<RRefContext> weak = weak_from_this();
   auto held = std::make_shared<InFlight::Token>(std::move(token));
@@ -80,20 +80,20 @@ void RRefContext::runCreation(const std::shared_ptr<OwnerRRef>& owner, Message&&
     if (done) done();
     held->reset();
   };
-  Reply keep(
+  message::Reply keep(
       call.id, workerName(),
       [owner, finish](c10::IValue value) {
         owner->setValue(std::move(value));
         finish();
       },
-      [owner, finish](const RemoteException& error) {
+      [owner, finish](const message::RemoteException& error) {
         owner->setError(error);
         finish();
       });
   agent_->serve(std::move(call), callerRank, std::move(keep));
 }
 
-std::shared_ptr<RRef> RRefContext::remote(int dst, Message&& call, double timeoutSeconds,
+std::shared_ptr<RRef> RRefContext::remote(int dst, message::Message&& call, double timeoutSeconds,
                                           const std::string& function) {
   const RRefId rrefId = newId();
   if (dst == rank_) {
@@ -119,13 +119,13 @@ std::shared_ptr<RRef> RRefContext::remote(int dst, Message&& call, double timeou
                             if (error) {
                               // The owner may never have seen the call; to_here reports this.
                               if (auto u = weakUser.lock()) {
-                                auto parts = errorParts(error);
+                                auto parts = common::errorParts(error);
                                 u->setCreationError(static_cast<int>(parts.kind), parts.message);
                               }
                             }
                             self->confirmUser(forkId, error, -1);
                           });
-  if (auto refused = refusedBeforeSending(sent)) {
+  if (auto refused = agent::refusedBeforeSending(sent)) {
     users_.remove(forkId);
     user->markDeleted();  // the owner never heard of it: nothing to delete
     std::rethrow_exception(refused);
@@ -143,19 +143,19 @@ RRefContext::FuturePtr RRefContext::fetch(const std::shared_ptr<UserRRef>& rref,
       if (timeoutSeconds <= 0 || left < timeoutSeconds) timeoutSeconds = std::max(left, 1e-3);
     }
   }
-  return agent_->send(rref->owner(), idsMessage(MessageType::kRRefFetch, rref->id()),
+  return agent_->send(rref->owner(), idsMessage(message::MessageType::kRRefFetch, rref->id()),
                       timeoutSeconds, "to_here", "RRef " + rref->id().str());
 }
 
-Message RRefContext::encodeValue(uint64_t id, const c10::IValue& value) {
+message::Message RRefContext::encodeValue(uint64_t id, const c10::IValue& value) {
   if (value.isPyObject()) {
     TORCH_CHECK(pythonEncoder_, "no Python encoder installed on ", workerName());
     return pythonEncoder_(id, value);
   }
-  return ivalueMessage(MessageType::kScriptRet, id, c10::ivalue::Tuple::create({value}));
+  return message::ivalueMessage(message::MessageType::kScriptRet, id, c10::ivalue::Tuple::create({value}));
 }
 
-RRefContext::FuturePtr RRefContext::methodCall(const std::shared_ptr<RRef>& rref, Message&& call,
+RRefContext::FuturePtr RRefContext::methodCall(const std::shared_ptr<RRef>& rref, message::Message&& call,
                                                const std::string& name, double timeoutSeconds,
                                                const std::string& callKind) {
   TORCH_CHECK(rref->context().get() == this,
@@ -194,7 +194,7 @@ std::shared_ptr<RRef> RRefContext::receive(const ForkData& fork) {
       owners_->removeFork(fork.rrefId, fork.forkId).reset();  // not the last reference: `owner` holds it
     } else if (!fork.answered) {
       // A user sent the owner its own RRef: the parent may let go of its copy.
-      sendTrackedLater(fork.parent, idsMessage(MessageType::kRRefChildAccept, fork.forkId), "CHILD_ACCEPT",
+      sendTrackedLater(fork.parent, idsMessage(message::MessageType::kRRefChildAccept, fork.forkId), "CHILD_ACCEPT",
                        nullptr);
     }
     return owner;
@@ -204,7 +204,7 @@ std::shared_ptr<RRef> RRefContext::receive(const ForkData& fork) {
                                          /*confirmed=*/parentIsOwner);
   users_.add(user, /*pending=*/!parentIsOwner);
   if (!parentIsOwner) {
-    sendTrackedLater(fork.owner, idsMessage(MessageType::kRRefForkRequest, fork.rrefId, fork.forkId),
+    sendTrackedLater(fork.owner, idsMessage(message::MessageType::kRRefForkRequest, fork.rrefId, fork.forkId),
                      "FORK_REQUEST",
                      [self = shared_from_this(), forkId = fork.forkId, parent = fork.parent](std::exception_ptr error) {
                        self->confirmUser(forkId, error, parent);
@@ -223,7 +223,7 @@ void RRefContext::releaseWhenAnswered(const FuturePtr& call, const std::vector<F
   call->addCallback([weak, answered = std::move(answered)](c10::ivalue::Future& done) {
     auto self = weak.lock();
     if (!self) return;
-    if (done.hasError() && errorParts(done.exception_ptr()).kind == ErrorKind::kTimeout) {
+    if (done.hasError() && common::errorParts(done.exception_ptr()).kind == common::ErrorKind::kTimeout) {
       return;  // maybe still queued on the owner
     }
     for (const auto& forkId : answered) self->onChildAccept(forkId);
@@ -243,13 +243,13 @@ void RRefContext::confirmUser(const ForkId& forkId, std::exception_ptr error, in
   if (error && parent >= 0) {
     TORCHRPC_WARN(workerName(), "fork " << forkId.str() << " of an RRef owned by "
                                         << (user ? workerLabel(user->owner()) : "?")
-                                        << " was not confirmed: " << errorParts(error).message);
+                                        << " was not confirmed: " << common::errorParts(error).message);
   }
   // Confirmed even on error, so that it can be released (its USER_DELETE
   // then fails the same way, quietly).
   if (user) user->confirm();
   if (parent >= 0) {
-    sendTracked(parent, idsMessage(MessageType::kRRefChildAccept, forkId), kProtocolTimeoutSeconds, "rref",
+    sendTracked(parent, idsMessage(message::MessageType::kRRefChildAccept, forkId), kProtocolTimeoutSeconds, "rref",
                 "CHILD_ACCEPT", nullptr);
   }
   user.reset();  // may be the last reference: sends USER_DELETE
@@ -257,7 +257,7 @@ void RRefContext::confirmUser(const ForkId& forkId, std::exception_ptr error, in
 
 // ---- sending -------------------------------------------------------------------------
 
-RRefContext::FuturePtr RRefContext::sendTracked(int dst, Message&& m, double timeoutSeconds,
+RRefContext::FuturePtr RRefContext::sendTracked(int dst, message::Message&& m, double timeoutSeconds,
                                                 const std::string& callKind, const std::string& what,
                                                 std::function<void(std::exception_ptr)> then) {
   auto token = inFlight_.begin();
@@ -284,7 +284,7 @@ RRefContext::FuturePtr RRefContext::sendTracked(int dst, Message&& m, double tim
   return future;
 }
 
-void RRefContext::sendTrackedLater(int dst, Message&& m, const std::string& what,
+void RRefContext::sendTrackedLater(int dst, message::Message&& m, const std::string& what,
                                    std::function<void(std::exception_ptr)> then) {
   auto token = inFlight_.begin();  // counted from now, so waitIdle() cannot miss it
   agent_->pool().run([self = shared_from_this(), token, dst, m = std::move(m), what, then]() mutable {
@@ -298,7 +298,7 @@ void RRefContext::releaseAllUsers() {
   for (auto& u : users_.live()) {
     if (!u->confirmed() || !u->markDeleted()) continue;
     // An owner that is gone fails it; nothing is left to release there.
-    sendTracked(u->owner(), idsMessage(MessageType::kRRefUserDelete, u->id(), u->forkId()), kProtocolTimeoutSeconds,
+    sendTracked(u->owner(), idsMessage(message::MessageType::kRRefUserDelete, u->id(), u->forkId()), kProtocolTimeoutSeconds,
                 "rref", "USER_DELETE", nullptr);
   }
 }

@@ -60,16 +60,16 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
  public:
   using FuturePtr = c10::intrusive_ptr<c10::ivalue::Future>;
   // Encodes a PyObject IValue as a PYTHON_RET response (takes the GIL).
-  using PythonEncoder = std::function<Message(uint64_t id, const c10::IValue& value)>;
+  using PythonEncoder = std::function<message::Message(uint64_t id, const c10::IValue& value)>;
   // Calls method `name` of an owner's value (takes the GIL) and responds,
   // exactly once, with its result or the exception (RREF_METHOD_CALL).
   using PythonMethodRunner =
       std::function<void(uint64_t id, const c10::IValue& object, const std::string& name,
-                         const c10::IValue& args, const c10::IValue& kwargs, Reply reply)>;
+                         const c10::IValue& args, const c10::IValue& kwargs, message::Reply reply)>;
 
   // Creates the context and installs its handlers on the agent. The newest
   // context becomes current() (one init_rpc or torchrpc::Worker per process).
-  static std::shared_ptr<RRefContext> create(std::shared_ptr<Agent> agent);
+  static std::shared_ptr<RRefContext> create(std::shared_ptr<agent::Agent> agent);
   ~RRefContext();
   // The context of this process's running session, for code with no handle
   // on it (the TorchScript RRef class and ops, jit_ops/); null when none is
@@ -80,7 +80,7 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   void setPythonMethodRunner(PythonMethodRunner runner);
 
   int rank() const { return rank_; }
-  Agent& agent() const { return *agent_; }
+  agent::Agent& agent() const { return *agent_; }
   const std::string& workerName() const { return agent_->options().name; }
   std::string workerLabel(int rank) const;
   // Calls that pass timeout -1 (the TorchScript RRef class and ops) use this.
@@ -91,7 +91,7 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
 
   // remote(): `call` is a SCRIPT/BUILTIN/PYTHON call message for rank dst.
   // Returns dst's OwnerRRef when dst is this worker, else a pending UserRRef.
-  std::shared_ptr<RRef> remote(int dst, Message&& call, double timeoutSeconds,
+  std::shared_ptr<RRef> remote(int dst, message::Message&& call, double timeoutSeconds,
                                const std::string& function);
 
   // to_here() of a user RRef: RREF_FETCH to the owner. The future completes
@@ -104,7 +104,7 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // to the owner. Completes like fetch(); `rref` is kept alive until then.
   // A user RRef's owner knows it by its fork; an owner RRef that was never
   // forked is not in its owner's table, so the owner's own proxies pickle.
-  FuturePtr methodCall(const std::shared_ptr<RRef>& rref, Message&& call, const std::string& name,
+  FuturePtr methodCall(const std::shared_ptr<RRef>& rref, message::Message&& call, const std::string& name,
                        double timeoutSeconds, const std::string& callKind);
 
   // Pickling an RRef into a message, and unpickling it on the receiver.
@@ -155,41 +155,41 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   void forgetOwner(const RRefId& id, const OwnerRRef* owner);
 
  private:
-  explicit RRefContext(std::shared_ptr<Agent> agent);
+  explicit RRefContext(std::shared_ptr<agent::Agent> agent);
   void installHandlers();
   GlobalId newId();
   // Runs the call that creates `owner`'s value (on this pool thread), then
   // ends the creation; `token` counts it in flight until then.
-  void runCreation(const std::shared_ptr<OwnerRRef>& owner, Message&& call, int callerRank,
+  void runCreation(const std::shared_ptr<OwnerRRef>& owner, message::Message&& call, int callerRank,
                    InFlight::Token token, std::function<void()> done = nullptr);
-  void handleRemoteCall(Message&& request, int callerRank, const Reply& reply);
-  void handleFetch(Message&& request, const Reply& reply);
-  void handleMethodCall(Message&& request, const Reply& reply);
+  void handleRemoteCall(message::Message&& request, int callerRank, const message::Reply& reply);
+  void handleFetch(message::Message&& request, const message::Reply& reply);
+  void handleMethodCall(message::Message&& request, const message::Reply& reply);
   // The I/O thread's handling of a fetch (false leaves it to handleFetch, on
   // the pool): see answerFetch.
-  bool fetchAtOnce(const Message& request, const Reply& reply);
+  bool fetchAtOnce(const message::Message& request, const message::Reply& reply);
   // The I/O thread's handling of a USER_DELETE whose value it can free at
   // once (a small TorchScript value; false leaves it to the pool): one pool
   // task less per dropped RRef.
-  bool deleteAtOnce(const Message& request, const Reply& reply);
+  bool deleteAtOnce(const message::Message& request, const message::Reply& reply);
   // Answers a fetch of `owner`'s value: at once if it is there, else when it
   // is, from the thread that completes it. Python values and errors are
   // answered on the pool unless `onPool` says this thread already is.
-  void answerFetch(const RRefId& rrefId, const std::shared_ptr<OwnerRRef>& owner, const Reply& reply,
+  void answerFetch(const RRefId& rrefId, const std::shared_ptr<OwnerRRef>& owner, const message::Reply& reply,
                    bool onPool);
-  Message encodeValue(uint64_t id, const c10::IValue& value);
+  message::Message encodeValue(uint64_t id, const c10::IValue& value);
   // Sends a protocol request, counted in flight until it is answered and
   // `then` (if any) ran on the pool with the outcome.
-  FuturePtr sendTracked(int dst, Message&& m, double timeoutSeconds, const std::string& callKind,
+  FuturePtr sendTracked(int dst, message::Message&& m, double timeoutSeconds, const std::string& callKind,
                         const std::string& what, std::function<void(std::exception_ptr)> then);
   // sendTracked() from a pool thread, counted in flight from now.
-  void sendTrackedLater(int dst, Message&& m, const std::string& what,
+  void sendTrackedLater(int dst, message::Message&& m, const std::string& what,
                         std::function<void(std::exception_ptr)> then);
   // The owner acknowledged (or failed to) fork `forkId`: confirm the pending
   // user; tell the parent (if >= 0) with CHILD_ACCEPT.
   void confirmUser(const ForkId& forkId, std::exception_ptr error, int parent);
 
-  std::shared_ptr<Agent> agent_;
+  std::shared_ptr<agent::Agent> agent_;
   const int rank_;
   std::atomic<int64_t> nextLocal_{1};
   PythonEncoder pythonEncoder_;

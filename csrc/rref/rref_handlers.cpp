@@ -14,10 +14,10 @@ namespace {
 // The answer to a request for a value whose creation failed: the owner's
 // recorded error (it names the worker and the creating function), else the
 // future's own.
-Message creationFailure(uint64_t id, const OwnerRRef* owner, const c10::ivalue::Future& value,
+message::Message creationFailure(uint64_t id, const OwnerRRef* owner, const c10::ivalue::Future& value,
                         const std::string& what, const std::string& worker) {
   auto error = owner ? owner->error() : std::nullopt;
-  return exceptionMessage(id, error ? *error : describeException(value.exception_ptr(), what, worker));
+  return message::exceptionMessage(id, error ? *error : message::describeException(value.exception_ptr(), what, worker));
 }
 
 }  // namespace
@@ -26,64 +26,64 @@ void RRefContext::installHandlers() {
   std::weak_ptr<RRefContext> weak = shared_from_this();
   const std::string worker = workerName();
   // An exception a handler throws is its answer (Agent::serve).
-  auto install = [&](MessageType type) {
-    agent_->setHandler(type, [weak, worker, type](Message&& request, int callerRank, Reply reply) {
+  auto install = [&](message::MessageType type) {
+    agent_->setHandler(type, [weak, worker, type](message::Message&& request, int callerRank, message::Reply reply) {
       auto self = weak.lock();
       if (!self) {
-        reply.error(RemoteException{"RuntimeError",
+        reply.error(message::RemoteException{"RuntimeError",
                                     "RRefs are not served on " + worker + " any more (torchrpc shut down)", "",
-                                    messageTypeName(type), worker});
+                                    message::messageTypeName(type), worker});
         return;
       }
       GlobalId a, b;
       switch (type) {
-        case MessageType::kRemoteCall:
+        case message::MessageType::kRemoteCall:
           self->handleRemoteCall(std::move(request), callerRank, reply);
           return;
-        case MessageType::kRRefFetch:
+        case message::MessageType::kRRefFetch:
           self->handleFetch(std::move(request), reply);
           return;
-        case MessageType::kRRefMethodCall:
+        case message::MessageType::kRRefMethodCall:
           self->handleMethodCall(std::move(request), reply);
           return;
-        case MessageType::kRRefUserDelete:
+        case message::MessageType::kRRefUserDelete:
           parseIds(request, &a, &b);
           self->onUserDelete(a, b);
           break;
-        case MessageType::kRRefForkRequest:
+        case message::MessageType::kRRefForkRequest:
           parseIds(request, &a, &b);
           self->onForkRequest(a, b);
           break;
-        case MessageType::kRRefChildAccept:
+        case message::MessageType::kRRefChildAccept:
           parseIds(request, &a);
           self->onChildAccept(a);
           break;
         default:
-          TORCH_CHECK(false, "not an RRef message: ", messageTypeName(type));
+          TORCH_CHECK(false, "not an RRef message: ", message::messageTypeName(type));
       }
       reply(ackMessage(reply.id()));
     });
   };
-  install(MessageType::kRemoteCall);
-  install(MessageType::kRRefFetch);
-  agent_->setFastPath(MessageType::kRRefFetch, [weak](const Message& request, const Reply& reply) {
+  install(message::MessageType::kRemoteCall);
+  install(message::MessageType::kRRefFetch);
+  agent_->setFastPath(message::MessageType::kRRefFetch, [weak](const message::Message& request, const message::Reply& reply) {
     auto self = weak.lock();
     return self && self->fetchAtOnce(request, reply);
   });
-  install(MessageType::kRRefUserDelete);
-  agent_->setFastPath(MessageType::kRRefUserDelete, [weak](const Message& request, const Reply& reply) {
+  install(message::MessageType::kRRefUserDelete);
+  agent_->setFastPath(message::MessageType::kRRefUserDelete, [weak](const message::Message& request, const message::Reply& reply) {
     auto self = weak.lock();
     return self && self->deleteAtOnce(request, reply);
   });
-  install(MessageType::kRRefForkRequest);
-  install(MessageType::kRRefChildAccept);
-  install(MessageType::kRRefMethodCall);
+  install(message::MessageType::kRRefForkRequest);
+  install(message::MessageType::kRRefChildAccept);
+  install(message::MessageType::kRRefMethodCall);
 }
 
-void RRefContext::handleRemoteCall(Message&& request, int callerRank, const Reply& reply) {
+void RRefContext::handleRemoteCall(message::Message&& request, int callerRank, const message::Reply& reply) {
   RRefId rrefId;
   ForkId forkId;
-  Message call = parseRemoteCall(std::move(request), &rrefId, &forkId);
+  message::Message call = parseRemoteCall(std::move(request), &rrefId, &forkId);
   // The caller's UserRRef is registered at once (Early Fork Registration). A
   // value being created counts in flight (waitIdle, graceful shutdown), also
   // after its caller stopped waiting.
@@ -91,7 +91,7 @@ void RRefContext::handleRemoteCall(Message&& request, int callerRank, const Repl
   runCreation(owner, std::move(call), callerRank, inFlight_.begin(), [reply] { reply(ackMessage(reply.id())); });
 }
 
-void RRefContext::handleMethodCall(Message&& request, const Reply& reply) {
+void RRefContext::handleMethodCall(message::Message&& request, const message::Reply& reply) {
   MethodCall call = parseMethodCall(request);
   // Created on demand, as for a fetch: the call may run before the REMOTE_CALL.
   auto owner = owners_->awaited(call.rrefId);
@@ -100,7 +100,7 @@ void RRefContext::handleMethodCall(Message&& request, const Reply& reply) {
   // Waited for here, not in a callback as handleFetch does: the method must
   // run on this thread, where the call's autograd context is current.
   if (!owner->waitValue(defaultTimeoutSeconds())) {
-    reply.error(RemoteException{"torchrpc.errors.RpcTimeoutError",
+    reply.error(message::RemoteException{"torchrpc.errors.RpcTimeoutError",
                                 "the value of RRef " + call.rrefId.str() + " was not created on " + workerName() +
                                     " within " + std::to_string(defaultTimeoutSeconds()) + " s",
                                 "", what, workerName()});
@@ -117,7 +117,7 @@ void RRefContext::handleMethodCall(Message&& request, const Reply& reply) {
   pythonMethodRunner_(reply.id(), value->value(), call.name, call.args, call.kwargs, reply);
 }
 
-bool RRefContext::fetchAtOnce(const Message& request, const Reply& reply) {
+bool RRefContext::fetchAtOnce(const message::Message& request, const message::Reply& reply) {
   RRefId rrefId;
   try {
     parseIds(request, &rrefId);
@@ -131,7 +131,7 @@ bool RRefContext::fetchAtOnce(const Message& request, const Reply& reply) {
   return true;
 }
 
-void RRefContext::handleFetch(Message&& request, const Reply& reply) {
+void RRefContext::handleFetch(message::Message&& request, const message::Reply& reply) {
   RRefId rrefId;
   parseIds(request, &rrefId);
   auto owner = owners_->awaited(rrefId);
@@ -139,7 +139,7 @@ void RRefContext::handleFetch(Message&& request, const Reply& reply) {
   answerFetch(rrefId, owner, reply, /*onPool=*/true);
 }
 
-void RRefContext::answerFetch(const RRefId& rrefId, const std::shared_ptr<OwnerRRef>& owner, const Reply& reply,
+void RRefContext::answerFetch(const RRefId& rrefId, const std::shared_ptr<OwnerRRef>& owner, const message::Reply& reply,
                               bool onPool) {
   std::weak_ptr<RRefContext> weak = shared_from_this();
   std::weak_ptr<OwnerRRef> weakOwner = owner;
@@ -156,7 +156,7 @@ void RRefContext::answerFetch(const RRefId& rrefId, const std::shared_ptr<OwnerR
       TORCH_CHECK(self, "torchrpc shut down on ", worker);
       reply(self->encodeValue(reply.id(), f.constValue()));
     } catch (...) {
-      reply.error(describeException(std::current_exception(), what, worker));
+      reply.error(message::describeException(std::current_exception(), what, worker));
     }
   };
   // A value that exists is answered here, at once: addCallback runs the
@@ -218,7 +218,7 @@ bool freesAtOnce(const c10::IValue& v, int depth = 0) {
 
 }  // namespace
 
-bool RRefContext::deleteAtOnce(const Message& request, const Reply& reply) {
+bool RRefContext::deleteAtOnce(const message::Message& request, const message::Reply& reply) {
   GlobalId rrefId, forkId;
   try {
     parseIds(request, &rrefId, &forkId);
@@ -245,7 +245,7 @@ void RRefContext::userReleased(UserRRef& user) {
   if (!user.confirmed() || !user.markDeleted()) return;
   // Sent from the pool: the last handle often dies in Python, with the GIL
   // held, and sending may block (connecting, backpressure).
-  sendTrackedLater(user.owner(), idsMessage(MessageType::kRRefUserDelete, user.id(), user.forkId()), "USER_DELETE",
+  sendTrackedLater(user.owner(), idsMessage(message::MessageType::kRRefUserDelete, user.id(), user.forkId()), "USER_DELETE",
                    nullptr);
 }
 

@@ -28,9 +28,9 @@ GlobalId getId(const std::string& in, size_t offset) {
 
 }  // namespace
 
-Message remoteCallMessage(const RRefId& rrefId, const ForkId& forkId, Message&& call) {
-  Message m;
-  m.type = MessageType::kRemoteCall;
+message::Message remoteCallMessage(const RRefId& rrefId, const ForkId& forkId, message::Message&& call) {
+  message::Message m;
+  m.type = message::MessageType::kRemoteCall;
   m.payload.reserve(2 * kIdBytes + 2 + call.payload.size());
   putId(m.payload, rrefId);
   putId(m.payload, forkId);
@@ -41,18 +41,18 @@ Message remoteCallMessage(const RRefId& rrefId, const ForkId& forkId, Message&& 
   return m;
 }
 
-Message parseRemoteCall(Message&& m, RRefId* rrefId, ForkId* forkId) {
+message::Message parseRemoteCall(message::Message&& m, RRefId* rrefId, ForkId* forkId) {
   constexpr size_t header = 2 * kIdBytes + 2;
   TORCH_CHECK(m.payload.size() >= header, "malformed REMOTE_CALL: ", m.payload.size(), " bytes");
   *rrefId = getId(m.payload, 0);
   *forkId = getId(m.payload, kIdBytes);
   uint16_t inner;
   std::memcpy(&inner, m.payload.data() + 2 * kIdBytes, 2);
-  auto type = static_cast<MessageType>(inner);
-  TORCH_CHECK(type == MessageType::kScriptCall || type == MessageType::kBuiltinCall ||
-                  type == MessageType::kPythonCall,
+  auto type = static_cast<message::MessageType>(inner);
+  TORCH_CHECK(type == message::MessageType::kScriptCall || type == message::MessageType::kBuiltinCall ||
+                  type == message::MessageType::kPythonCall,
               "malformed REMOTE_CALL: inner type ", inner, " is not a call");
-  Message call;
+  message::Message call;
   call.type = type;
   call.id = m.id;
   call.payload = m.payload.substr(header);
@@ -60,15 +60,15 @@ Message parseRemoteCall(Message&& m, RRefId* rrefId, ForkId* forkId) {
   return call;
 }
 
-Message methodCallMessage(const RRefId& rrefId, const std::string& name, c10::IValue args,
+message::Message methodCallMessage(const RRefId& rrefId, const std::string& name, c10::IValue args,
                           c10::IValue kwargs) {
-  return ivalueMessage(MessageType::kRRefMethodCall, 0,
+  return message::ivalueMessage(message::MessageType::kRRefMethodCall, 0,
                        c10::ivalue::Tuple::create({static_cast<int64_t>(rrefId.worker), rrefId.local, name,
                                                    std::move(args), std::move(kwargs)}));
 }
 
-MethodCall parseMethodCall(const Message& m) {
-  c10::IValue value = messageIValue(m);
+MethodCall parseMethodCall(const message::Message& m) {
+  c10::IValue value = message::messageIValue(m);
   TORCH_CHECK(value.isTuple() && value.toTupleRef().elements().size() == 5,
               "malformed RREF_METHOD_CALL: expected (rref worker, rref id, name, args, kwargs)");
   const auto& el = value.toTupleRef().elements();
@@ -77,29 +77,29 @@ MethodCall parseMethodCall(const Message& m) {
   return MethodCall{{static_cast<int32_t>(el[0].toInt()), el[1].toInt()}, el[2].toStringRef(), el[3], el[4]};
 }
 
-Message idsMessage(MessageType type, const GlobalId& a) {
-  Message m;
+message::Message idsMessage(message::MessageType type, const GlobalId& a) {
+  message::Message m;
   m.type = type;
   putId(m.payload, a);
   return m;
 }
 
-Message idsMessage(MessageType type, const GlobalId& a, const GlobalId& b) {
-  Message m;
+message::Message idsMessage(message::MessageType type, const GlobalId& a, const GlobalId& b) {
+  message::Message m;
   m.type = type;
   putId(m.payload, a);
   putId(m.payload, b);
   return m;
 }
 
-void parseIds(const Message& m, GlobalId* a, GlobalId* b) {
+void parseIds(const message::Message& m, GlobalId* a, GlobalId* b) {
   size_t expected = b ? 2 * kIdBytes : kIdBytes;
-  TORCH_CHECK(m.payload.size() == expected, "malformed ", messageTypeName(m.type), ": expected ",
+  TORCH_CHECK(m.payload.size() == expected, "malformed ", message::messageTypeName(m.type), ": expected ",
               expected, " bytes, got ", m.payload.size());
   *a = getId(m.payload, 0);
   if (b) *b = getId(m.payload, kIdBytes);
 }
 
-Message ackMessage(uint64_t id) { return ivalueMessage(MessageType::kScriptRet, id, c10::IValue()); }
+message::Message ackMessage(uint64_t id) { return message::ivalueMessage(message::MessageType::kScriptRet, id, c10::IValue()); }
 
 }  // namespace torchrpc::rref

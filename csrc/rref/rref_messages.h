@@ -33,9 +33,9 @@
 
 namespace torchrpc::rref {
 
-Message remoteCallMessage(const RRefId& rrefId, const ForkId& forkId, Message&& call);
+message::Message remoteCallMessage(const RRefId& rrefId, const ForkId& forkId, message::Message&& call);
 // Splits a REMOTE_CALL back into ids and the inner call (which keeps the id).
-Message parseRemoteCall(Message&& m, RRefId* rrefId, ForkId* forkId);
+message::Message parseRemoteCall(message::Message&& m, RRefId* rrefId, ForkId* forkId);
 
 struct MethodCall {
   RRefId rrefId;
@@ -43,16 +43,16 @@ struct MethodCall {
   c10::IValue args;    // a tuple
   c10::IValue kwargs;  // a dict str -> Any
 };
-Message methodCallMessage(const RRefId& rrefId, const std::string& name, c10::IValue args,
+message::Message methodCallMessage(const RRefId& rrefId, const std::string& name, c10::IValue args,
                           c10::IValue kwargs);
 // Throws on a malformed payload.
-MethodCall parseMethodCall(const Message& m);
+MethodCall parseMethodCall(const message::Message& m);
 
-Message idsMessage(MessageType type, const GlobalId& a);
-Message idsMessage(MessageType type, const GlobalId& a, const GlobalId& b);
+message::Message idsMessage(message::MessageType type, const GlobalId& a);
+message::Message idsMessage(message::MessageType type, const GlobalId& a, const GlobalId& b);
 // Reads `count` ids (1 or 2) from a protocol message; throws on a bad size.
-void parseIds(const Message& m, GlobalId* a, GlobalId* b = nullptr);
+void parseIds(const message::Message& m, GlobalId* a, GlobalId* b = nullptr);
 
-Message ackMessage(uint64_t id);
+message::Message ackMessage(uint64_t id);
 
 }  // namespace torchrpc::rref

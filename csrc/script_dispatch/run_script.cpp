@@ -43,10 +43,10 @@ void normalizeInputs(const c10::FunctionSchema& schema, torch::jit::Stack& stack
 // Answers with the future's value once it completes. A function that
 // returns a Future (async execution) is answered when that one completes.
 void replyWhenDone(c10::intrusive_ptr<c10::ivalue::Future> future, std::string function, std::string worker,
-                   Reply reply) {
+                   message::Reply reply) {
   future->addCallback([function, worker, reply](c10::ivalue::Future& f) {
     if (f.hasError()) {
-      reply.error(describeException(f.exception_ptr(), function, worker));
+      reply.error(message::describeException(f.exception_ptr(), function, worker));
     } else if (f.value().isFuture()) {
       replyWhenDone(f.value().toFuture(), function, worker, reply);
     } else {
@@ -56,10 +56,10 @@ void replyWhenDone(c10::intrusive_ptr<c10::ivalue::Future> future, std::string f
 }
 
 void runBuiltin(const std::string& name, torch::jit::Stack stack, Registry& registry, const std::string& worker,
-                const Reply& reply) {
+                const message::Reply& reply) {
   auto op = registry.findOperator(name);
   if (!op) {
-    reply.error(RemoteException{"RuntimeError",
+    reply.error(message::RemoteException{"RuntimeError",
                                 "worker " + worker + " has no operator '" + name +
                                     "'; it may need an extension library loaded (torch.ops.load_library)",
                                 "", name, worker});
@@ -73,27 +73,27 @@ void runBuiltin(const std::string& name, torch::jit::Stack stack, Registry& regi
 
 }  // namespace
 
-Message scriptCallMessage(const std::string& name, const std::string& moduleHint,
+message::Message scriptCallMessage(const std::string& name, const std::string& moduleHint,
                           std::vector<c10::IValue> stack, c10::impl::GenericDict kwargs,
                           c10::IValue shipped) {
-  return ivalueMessage(MessageType::kScriptCall, 0,
+  return message::ivalueMessage(message::MessageType::kScriptCall, 0,
                        c10::ivalue::Tuple::create({name, moduleHint, tupleOf(std::move(stack)),
                                                    std::move(kwargs), std::move(shipped)}));
 }
 
-Message builtinCallMessage(const std::string& schemaName, std::vector<c10::IValue> stack) {
-  return ivalueMessage(MessageType::kBuiltinCall, 0,
+message::Message builtinCallMessage(const std::string& schemaName, std::vector<c10::IValue> stack) {
+  return message::ivalueMessage(message::MessageType::kBuiltinCall, 0,
                        c10::ivalue::Tuple::create({schemaName, tupleOf(std::move(stack))}));
 }
 
-void run(Message&& request, Registry& registry, const TaskLauncher& launcher, const std::string& worker,
-         const Reply& reply) {
+void run(message::Message&& request, Registry& registry, const TaskLauncher& launcher, const std::string& worker,
+         const message::Reply& reply) {
   std::string function = "<undecoded call>";
   try {
-    auto call = messageIValue(request).toTuple();
+    auto call = message::messageIValue(request).toTuple();
     const auto& el = call->elements();
     function = el[0].toStringRef();
-    if (request.type == MessageType::kBuiltinCall) {
+    if (request.type == message::MessageType::kBuiltinCall) {
       runBuiltin(function, stackOf(el[1]), registry, worker, reply);
       return;
     }
@@ -102,7 +102,7 @@ void run(Message&& request, Registry& registry, const TaskLauncher& launcher, co
     auto callee = shipped.isNone() ? registry.find(function, moduleHint)
                                    : shippedCallee(registry, shipped, function, worker);
     if (!callee) {
-      reply.error(RemoteException{
+      reply.error(message::RemoteException{
           kUnknownFunction,
           shipped.isNone() ? "worker " + worker + " has no TorchScript function named '" + function +
                                  "'. Import the module that defines it on " + worker +
@@ -116,7 +116,7 @@ void run(Message&& request, Registry& registry, const TaskLauncher& launcher, co
     normalizeInputs(callee->schema(), stack, el.at(3).toGenericDict(), function, worker);
     replyWhenDone(callee->runAsync(stack, launcher), function, worker, reply);
   } catch (...) {
-    reply.error(describeException(std::current_exception(), function, worker));
+    reply.error(message::describeException(std::current_exception(), function, worker));
   }
 }
 

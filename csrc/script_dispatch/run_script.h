@@ -32,14 +32,14 @@ namespace torchrpc::script_dispatch {
 // resends it with its code.
 inline constexpr const char* kUnknownFunction = "torchrpc.errors.UnknownFunctionError";
 
-Message scriptCallMessage(const std::string& name, const std::string& moduleHint,
+message::Message scriptCallMessage(const std::string& name, const std::string& moduleHint,
                           std::vector<c10::IValue> stack, c10::impl::GenericDict kwargs,
                           c10::IValue shipped = c10::IValue());
-Message builtinCallMessage(const std::string& schemaName, std::vector<c10::IValue> stack);
+message::Message builtinCallMessage(const std::string& schemaName, std::vector<c10::IValue> stack);
 
 // Runs a SCRIPT_CALL or BUILTIN_CALL and answers `reply` once with the result
 // or the error, possibly later from another thread (async callee).
-void run(Message&& request, Registry& registry, const TaskLauncher& launcher,
-         const std::string& workerName, const Reply& reply);
+void run(message::Message&& request, Registry& registry, const TaskLauncher& launcher,
+         const std::string& workerName, const message::Reply& reply);
 
 }  // namespace torchrpc::script_dispatch

@@ -12,7 +12,7 @@
 #include "common/logging.h"
 #include "transport/same_host.h"
 
-namespace torchrpc {
+namespace torchrpc::transport {
 
 namespace {
 constexpr size_t kReadBufferBytes = 256 * 1024;
@@ -27,8 +27,8 @@ bool unixSocket(int fd) {
   return ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0 && addr.ss_family == AF_UNIX;
 }
 
-bool lendFrame(MessageType t) {
-  return t == MessageType::kLendOffer || t == MessageType::kLendAccept || t == MessageType::kLendRelease;
+bool lendFrame(message::MessageType t) {
+  return t == message::MessageType::kLendOffer || t == message::MessageType::kLendAccept || t == message::MessageType::kLendRelease;
 }
 }  // namespace
 
@@ -62,40 +62,40 @@ void Connection::start(OnMessage onMessage, OnClose onClose) {
     });
     updateInterestLocked();
   }
-  if (offered_) sendControl(MessageType::kLendOffer, same_host::offer());
+  if (offered_) sendControl(message::MessageType::kLendOffer, same_host::offer());
 }
 
-void Connection::sendControl(MessageType type, std::string payload) {
-  Message m{type, 0, std::move(payload), {}};
+void Connection::sendControl(message::MessageType type, std::string payload) {
+  message::Message m{type, 0, std::move(payload), {}};
   // A closed connection has nothing left to agree on: the error needs no report.
   (void)send(std::move(m), std::chrono::steady_clock::time_point::max());
 }
 
-Error Connection::onLendFrame(const Message& m) {
+common::Error Connection::onLendFrame(const message::Message& m) {
   // Only a connection that offered (a Unix socket, lending on) takes part:
   // on TCP, whatever the peer sends, nothing is read from any process here.
-  if (m.type == MessageType::kLendOffer) {
-    if (!offered_) return Error();
+  if (m.type == message::MessageType::kLendOffer) {
+    if (!offered_) return common::Error();
     auto pid = same_host::verify(m.payload);
     if (pid.error) {
       TORCHRPC_DEBUG(workerName_, "tensors from " << description_ << " travel through the socket: "
                                                   << pid.error.what());
-      return Error();
+      return common::Error();
     }
     peerPid_ = pid.value;
-    sendControl(MessageType::kLendAccept, "");
-  } else if (m.type == MessageType::kLendAccept) {
+    sendControl(message::MessageType::kLendAccept, "");
+  } else if (m.type == message::MessageType::kLendAccept) {
     if (offered_) lendFrom_.store(same_host::kMinBytes);
   } else {  // kLendRelease: how many of the oldest lent frames the peer copied
     uint64_t frames = 0;
     if (m.payload.size() != sizeof(frames)) {
-      return Error(Error::Code::kInvalid,
+      return common::Error(common::Error::Code::kInvalid,
                    "malformed frame: LEND_RELEASE payload of " + std::to_string(m.payload.size()) + " bytes");
     }
     std::memcpy(&frames, m.payload.data(), sizeof(frames));
     std::lock_guard<std::mutex> lock(mutex_);
     if (frames > lent_.size()) {
-      return Error(Error::Code::kInvalid, "malformed frame: LEND_RELEASE of " + std::to_string(frames) +
+      return common::Error(common::Error::Code::kInvalid, "malformed frame: LEND_RELEASE of " + std::to_string(frames) +
                                               " frames; " + std::to_string(lent_.size()) + " were lent");
     }
     for (; frames > 0; --frames) {
@@ -104,18 +104,18 @@ Error Connection::onLendFrame(const Message& m) {
     }
     drained_.notify_all();
   }
-  return Error();
+  return common::Error();
 }
 
-Error Connection::copyLent(ReceivedFrame& frame) {
-  if (peerPid_ < 0) return Error(Error::Code::kInvalid, "the peer lent a tensor without a verified same-host offer");
-  for (const LentTensor& l : frame.lent) {
+common::Error Connection::copyLent(message::ReceivedFrame& frame) {
+  if (peerPid_ < 0) return common::Error(common::Error::Code::kInvalid, "the peer lent a tensor without a verified same-host offer");
+  for (const message::LentTensor& l : frame.lent) {
     at::Tensor& t = frame.message.tensors[l.index];
-    if (Error err = same_host::copy(peerPid_, l.address, t.data_ptr(), t.nbytes())) {
-      return Error(err.code(), "could not copy lent tensor #" + std::to_string(l.index) + ": " + err.what());
+    if (common::Error err = same_host::copy(peerPid_, l.address, t.data_ptr(), t.nbytes())) {
+      return common::Error(err.code(), "could not copy lent tensor #" + std::to_string(l.index) + ": " + err.what());
     }
   }
-  return Error();
+  return common::Error();
 }
 
 bool Connection::closed() const {
@@ -136,7 +136,7 @@ void Connection::updateInterestLocked() {
   }
 }
 
-Error Connection::flushLocked() {
+common::Error Connection::flushLocked() {
   while (!queue_.empty()) {
     Pending& p = queue_.front();
     struct iovec iov[kMaxIov];
@@ -147,8 +147,8 @@ Error Connection::flushLocked() {
     ssize_t w = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
     if (w < 0) {
       if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return Error();
-      return Error(Error::Code::kIo, errnoMessage("send", errno));
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return common::Error();
+      return common::Error(common::Error::Code::kIo, common::errnoMessage("send", errno));
     }
     p.written += static_cast<uint64_t>(w);
     queuedBytes_ -= static_cast<uint64_t>(w);
@@ -156,21 +156,21 @@ Error Connection::flushLocked() {
       queue_.pop_front();
     }
   }
-  return Error();
+  return common::Error();
 }
 
-Error Connection::send(Message&& message, std::chrono::steady_clock::time_point deadline) {
+common::Error Connection::send(message::Message&& message, std::chrono::steady_clock::time_point deadline) {
   Pending p;
   try {
-    p.frame = encodeFrame(std::move(message), lendFrom_.load());
+    p.frame = message::encodeFrame(std::move(message), lendFrom_.load());
   } catch (const c10::Error& e) {
-    return Error(Error::Code::kInvalid, e.what_without_backtrace());
+    return common::Error(common::Error::Code::kInvalid, e.what_without_backtrace());
   }
   p.total = p.frame.totalBytes();
-  Error writeError;
+  common::Error writeError;
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (closed_) return Error(Error::Code::kClosed, "connection " + description_ + " is closed (" + closeReason_ + ")");
+    if (closed_) return common::Error(common::Error::Code::kClosed, "connection " + description_ + " is closed (" + closeReason_ + ")");
     queuedBytes_ += p.total;
     if (!p.frame.lent.empty()) {  // before the frame is written: the peer releases it after
       for (const auto& t : p.frame.lent) lentBytes_ += t.nbytes();
@@ -183,7 +183,7 @@ Error Connection::send(Message&& message, std::chrono::steady_clock::time_point 
       if (!loop_.inLoop()) {
         while (queuedBytes_ + lentBytes_ > kMaxQueuedBytes && !closed_) {
           if (drained_.wait_until(lock, deadline) == std::cv_status::timeout) {
-            return Error(Error::Code::kTimeout, "the peer did not read " + std::to_string(queuedBytes_) +
+            return common::Error(common::Error::Code::kTimeout, "the peer did not read " + std::to_string(queuedBytes_) +
                                                     " queued and " + std::to_string(lentBytes_) + " lent bytes on " +
                                                     description_ + " before the deadline");
           }
@@ -193,9 +193,9 @@ Error Connection::send(Message&& message, std::chrono::steady_clock::time_point 
   }
   if (writeError) {
     close(writeError.what());
-    return Error(writeError.code(), writeError.what() + " on " + description_);
+    return common::Error(writeError.code(), writeError.what() + " on " + description_);
   }
-  return Error();
+  return common::Error();
 }
 
 void Connection::close(const std::string& reason) {
@@ -236,7 +236,7 @@ void Connection::closeFromLoop(const std::string& reason) {
 void Connection::handleEventsFromLoop(uint32_t events) {
   if (closeFired_) return;
   if (events & EPOLLOUT) {
-    Error err;
+    common::Error err;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       err = flushLocked();
@@ -268,7 +268,7 @@ void Connection::readFromLoop() {
     if (r < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      closeReason = errnoMessage("read", errno);
+      closeReason = common::errnoMessage("read", errno);
       break;
     }
     if (r == 0) {
@@ -295,9 +295,9 @@ void Connection::readFromLoop() {
   // Deliver what arrived completely before acting on a close.
   auto self = shared_from_this();
   uint64_t copiedFrames = 0;
-  for (ReceivedFrame& f : reader_.takeFrames()) {
+  for (message::ReceivedFrame& f : reader_.takeFrames()) {
     const bool control = lendFrame(f.message.type);
-    Error err;
+    common::Error err;
     if (control) {
       err = onLendFrame(f.message);
     } else if (!f.lent.empty()) {
@@ -312,7 +312,7 @@ void Connection::readFromLoop() {
     if (!control) onMessage_(self, std::move(f.message));
   }
   if (copiedFrames > 0) {
-    sendControl(MessageType::kLendRelease,
+    sendControl(message::MessageType::kLendRelease,
                 std::string(reinterpret_cast<const char*>(&copiedFrames), sizeof(copiedFrames)));
   }
   if (!closeReason.empty()) {
@@ -320,4 +320,4 @@ void Connection::readFromLoop() {
   }
 }
 
-}  // namespace torchrpc
+}  // namespace torchrpc::transport

@@ -31,13 +31,13 @@
 #include "message/wire.h"
 #include "transport/loop.h"
 
-namespace torchrpc {
+namespace torchrpc::transport {
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
   static constexpr uint64_t kMaxQueuedBytes = 64ull << 20;
 
-  using OnMessage = std::function<void(const std::shared_ptr<Connection>&, Message&&)>;
+  using OnMessage = std::function<void(const std::shared_ptr<Connection>&, message::Message&&)>;
   using OnClose = std::function<void(const std::shared_ptr<Connection>&, const std::string& reason)>;
 
   Connection(Loop& loop, int fd, std::string description, std::string workerName);
@@ -49,7 +49,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Queues a message (encoding it here, on the caller's thread). Returns the
   // error if it cannot be encoded (kInvalid), the connection is closed, or
   // the deadline passed while waiting for the peer to drain the queue.
-  Error send(Message&& message, std::chrono::steady_clock::time_point deadline);
+  common::Error send(message::Message&& message, std::chrono::steady_clock::time_point deadline);
 
   // Closes from any thread; onClose runs on the loop with this reason.
   void close(const std::string& reason);
@@ -66,7 +66,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
  private:
   struct Pending {
-    OutgoingFrame frame;
+    message::OutgoingFrame frame;
     uint64_t written{0};
     uint64_t total{0};
   };
@@ -76,15 +76,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void closeFromLoop(const std::string& reason);
   // Writes as much of the queue as the socket takes. mutex_ held. Returns the
   // error of a fatal write.
-  Error flushLocked();
+  common::Error flushLocked();
   void updateInterestLocked();
   // A connection control frame, from the loop or at start (never waits).
-  void sendControl(MessageType type, std::string payload);
+  void sendControl(message::MessageType type, std::string payload);
   // LEND_OFFER / LEND_ACCEPT / LEND_RELEASE from the peer; the error for
   // which the connection must close, if any. Loop thread.
-  Error onLendFrame(const Message& m);
+  common::Error onLendFrame(const message::Message& m);
   // Copies a frame's lent tensors from the peer. Loop thread.
-  Error copyLent(ReceivedFrame& frame);
+  common::Error copyLent(message::ReceivedFrame& frame);
 
   Loop& loop_;
   const int fd_;
@@ -113,8 +113,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint64_t lentBytes_{0};                  // mutex_
   int peerPid_{-1};                        // loop thread only: the peer's verified pid
 
-  FrameReader reader_;  // loop thread only
+  message::FrameReader reader_;  // loop thread only
   std::unique_ptr<char[]> readBuffer_;
 };
 
-}  // namespace torchrpc
+}  // namespace torchrpc::transport

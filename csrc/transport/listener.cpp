@@ -10,7 +10,7 @@
 #include "common/logging.h"
 #include "transport/socket.h"
 
-namespace torchrpc {
+namespace torchrpc::transport {
 
 Listener::Listener(Loop& loop, std::string workerName, OnAccept onAccept)
     : loop_(loop), workerName_(std::move(workerName)), onAccept_(std::move(onAccept)) {}
@@ -19,14 +19,14 @@ Listener::~Listener() { close(); }
 
 std::string Listener::listenTcp(const std::string& host) {
   std::string bound;
-  int fd = torchrpc::listenTcp(host, 0, &bound);
+  int fd = torchrpc::transport::listenTcp(host, 0, &bound);
   fds_.emplace_back(fd, loop_.add(fd, EPOLLIN, [this, fd](uint32_t) { acceptFromLoop(fd, "tcp"); }));
   return bound;
 }
 
 std::string Listener::listenUnix(const std::string& abstractName) {
   std::string bound;
-  int fd = torchrpc::listenUnix(abstractName, &bound);
+  int fd = torchrpc::transport::listenUnix(abstractName, &bound);
   fds_.emplace_back(fd, loop_.add(fd, EPOLLIN, [this, fd](uint32_t) { acceptFromLoop(fd, "unix"); }));
   return bound;
 }
@@ -37,7 +37,7 @@ void Listener::acceptFromLoop(int listenFd, const std::string& kind) {
     if (fd < 0) {
       if (errno == EINTR) continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        TORCHRPC_WARN(workerName_, errnoMessage("accept", errno));
+        TORCHRPC_WARN(workerName_, common::errnoMessage("accept", errno));
       }
       return;
     }
@@ -54,4 +54,4 @@ void Listener::close() {
   fds_.clear();
 }
 
-}  // namespace torchrpc
+}  // namespace torchrpc::transport

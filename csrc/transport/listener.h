@@ -10,7 +10,7 @@
 
 #include "transport/loop.h"
 
-namespace torchrpc {
+namespace torchrpc::transport {
 
 class Listener {
  public:
@@ -33,4 +33,4 @@ class Listener {
   std::vector<std::pair<int, uint64_t>> fds_;  // fd, loop token
 };
 
-}  // namespace torchrpc
+}  // namespace torchrpc::transport

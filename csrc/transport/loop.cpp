@@ -11,7 +11,7 @@
 #include "common/spin.h"
 #include "common/thread_name.h"
 
-namespace torchrpc {
+namespace torchrpc::transport {
 
 namespace {
 constexpr uint64_t kWakeToken = 0;
@@ -28,16 +28,16 @@ struct OnLoop {
 
 Loop::Loop(std::string workerName) : workerName_(std::move(workerName)) {
   epollFd_ = epoll_create1(EPOLL_CLOEXEC);
-  TORCH_CHECK(epollFd_ >= 0, errnoMessage("epoll_create1", errno));
+  TORCH_CHECK(epollFd_ >= 0, common::errnoMessage("epoll_create1", errno));
   wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  TORCH_CHECK(wakeFd_ >= 0, errnoMessage("eventfd", errno));
+  TORCH_CHECK(wakeFd_ >= 0, common::errnoMessage("eventfd", errno));
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = kWakeToken;
   TORCH_CHECK(epoll_ctl(epollFd_, EPOLL_CTL_ADD, wakeFd_, &ev) == 0,
-              errnoMessage("epoll_ctl(eventfd)", errno));
+              common::errnoMessage("epoll_ctl(eventfd)", errno));
   thread_ = std::thread([this] {
-    nameThisThread("rpc-io");
+    common::nameThisThread("rpc-io");
     run();
   });
 }
@@ -64,7 +64,7 @@ uint64_t Loop::add(int fd, uint32_t events, Handler handler) {
     int err = errno;
     std::lock_guard<std::mutex> lock(mutex_);
     handlers_.erase(token);
-    TORCH_CHECK(false, errnoMessage("epoll_ctl(ADD)", err));
+    TORCH_CHECK(false, common::errnoMessage("epoll_ctl(ADD)", err));
   }
   return token;
 }
@@ -144,7 +144,7 @@ int Loop::serve(const epoll_event* events, int n, bool loopThread) {
 
 void Loop::run() {
   epoll_event events[kMaxEvents];
-  AdaptiveSpin spin;
+  common::AdaptiveSpin spin;
   while (!stopping_.load()) {
     // Right after activity, poll for a little while before sleeping: the next
     // frame of a busy connection usually arrives within microseconds.
@@ -157,7 +157,7 @@ void Loop::run() {
     spin.done();
     if (n < 0) {
       if (errno == EINTR) continue;
-      TORCHRPC_WARN(workerName_, errnoMessage("epoll_wait", errno) << "; event loop stops");
+      TORCHRPC_WARN(workerName_, common::errnoMessage("epoll_wait", errno) << "; event loop stops");
       return;
     }
     std::lock_guard<std::mutex> turn(turn_);
@@ -181,4 +181,4 @@ void Loop::stop() {
   thread_.join();
 }
 
-}  // namespace torchrpc
+}  // namespace torchrpc::transport

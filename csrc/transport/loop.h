@@ -28,7 +28,7 @@
 
 struct epoll_event;
 
-namespace torchrpc {
+namespace torchrpc::transport {
 
 class Loop {
  public:
@@ -80,4 +80,4 @@ class Loop {
   std::thread thread_;
 };
 
-}  // namespace torchrpc
+}  // namespace torchrpc::transport

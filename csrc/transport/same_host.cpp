@@ -12,7 +12,7 @@
 
 #include "common/error.h"
 
-namespace torchrpc::same_host {
+namespace torchrpc::transport::same_host {
 
 namespace {
 
@@ -37,7 +37,7 @@ const std::array<uint64_t, 2>& secret() {
 
 std::atomic<uint64_t> copied{0};
 
-Error readMemory(int pid, uint64_t address, void* dst, uint64_t nbytes) {
+common::Error readMemory(int pid, uint64_t address, void* dst, uint64_t nbytes) {
   uint64_t done = 0;
   while (done < nbytes) {
     iovec local{static_cast<char*>(dst) + done, nbytes - done};
@@ -46,12 +46,12 @@ Error readMemory(int pid, uint64_t address, void* dst, uint64_t nbytes) {
     if (n < 0) {
       int err = errno;
       if (err == EINTR) continue;
-      return Error(Error::Code::kIo, errnoMessage(("process_vm_readv from pid " + std::to_string(pid)).c_str(), err));
+      return common::Error(common::Error::Code::kIo, common::errnoMessage(("process_vm_readv from pid " + std::to_string(pid)).c_str(), err));
     }
-    if (n == 0) return Error(Error::Code::kIo, "process_vm_readv from pid " + std::to_string(pid) + " copied nothing");
+    if (n == 0) return common::Error(common::Error::Code::kIo, "process_vm_readv from pid " + std::to_string(pid) + " copied nothing");
     done += static_cast<uint64_t>(n);
   }
-  return Error();
+  return common::Error();
 }
 
 }  // namespace
@@ -69,26 +69,26 @@ std::string offer() {
   return std::string(reinterpret_cast<const char*>(&o), sizeof(o));
 }
 
-Fallible<int> verify(const std::string& payload) {
-  auto refused = [](std::string why) { return Fallible<int>{-1, Error(Error::Code::kInvalid, std::move(why))}; };
+common::Fallible<int> verify(const std::string& payload) {
+  auto refused = [](std::string why) { return common::Fallible<int>{-1, common::Error(common::Error::Code::kInvalid, std::move(why))}; };
   if (payload.size() != sizeof(Offer)) return refused("malformed offer (" + std::to_string(payload.size()) + " bytes)");
   Offer o;
   std::memcpy(&o, payload.data(), sizeof(o));
   if (o.pid <= 0 || o.pid > INT32_MAX) return refused("offer names pid " + std::to_string(o.pid));
   std::array<uint64_t, 2> seen{};
-  if (Error err = readMemory(static_cast<int>(o.pid), o.address, seen.data(), sizeof(seen))) return {-1, err};
+  if (common::Error err = readMemory(static_cast<int>(o.pid), o.address, seen.data(), sizeof(seen))) return {-1, err};
   if (seen != o.secret) {
     return refused("pid " + std::to_string(o.pid) + " is another process here (a different pid namespace)");
   }
-  return {static_cast<int>(o.pid), Error()};
+  return {static_cast<int>(o.pid), common::Error()};
 }
 
-Error copy(int pid, uint64_t address, void* dst, uint64_t nbytes) {
-  Error err = readMemory(pid, address, dst, nbytes);
+common::Error copy(int pid, uint64_t address, void* dst, uint64_t nbytes) {
+  common::Error err = readMemory(pid, address, dst, nbytes);
   if (!err) copied.fetch_add(nbytes, std::memory_order_relaxed);
   return err;
 }
 
 uint64_t copiedBytes() { return copied.load(std::memory_order_relaxed); }
 
-}  // namespace torchrpc::same_host
+}  // namespace torchrpc::transport::same_host

@@ -5,9 +5,7 @@
 // Through a socket a tensor is copied twice (into the kernel, out of it);
 // between processes of one host the receiver can copy it once, straight from
 // the sender's memory, with process_vm_readv (cross-memory attach, as
-// TensorPipe's CMA channel does): 16 MB took 1.4 ms here against 3-4 ms
-// through a Unix socket, and in the VM's slow phases the socket copy slows
-// down 10x while this one does not.
+// TensorPipe's CMA channel does).
 //
 // The protocol, on each Unix-socket connection (transport/connection.cpp):
 // 1. Both ends send LEND_OFFER: their pid, the address of a random secret in
@@ -30,13 +28,10 @@
 
 #include "common/error.h"
 
-namespace torchrpc::same_host {
+namespace torchrpc::transport::same_host {
 
-// Tensors of at least this many bytes are lent; below it the release message
-// costs about what the second copy saves. rpc_sync(torch.mul) of one tensor
-// each way, back to back, medians of 1300 calls, lent from 256 KB / from 24 KB
-// (2026-11-24): 24-48 KB 55-80 / 61-98 us (no gain), 96 KB 95-143 / 77-113 us,
-// 192 KB 188-191 / 111-141 us.
+// Tensors of at least this many bytes are lent; below it the release
+// message costs about what the second copy saves (benchmarks/HISTORY.md).
 constexpr uint64_t kMinBytes = 64u << 10;
 
 // False when TORCHRPC_SAME_HOST_COPY=0.
@@ -47,13 +42,13 @@ std::string offer();
 
 // Checks a peer's LEND_OFFER by reading its secret from its memory. Returns
 // the peer's pid, or why not.
-Fallible<int> verify(const std::string& offerPayload);
+common::Fallible<int> verify(const std::string& offerPayload);
 
 // Copies nbytes at `address` in process `pid` to dst. Returns the error (the
 // peer exited, the address is not readable), if any.
-Error copy(int pid, uint64_t address, void* dst, uint64_t nbytes);
+common::Error copy(int pid, uint64_t address, void* dst, uint64_t nbytes);
 
 // Bytes this process copied from its peers' memory (for tests and debugging).
 uint64_t copiedBytes();
 
-}  // namespace torchrpc::same_host
+}  // namespace torchrpc::transport::same_host

@@ -18,7 +18,7 @@
 
 #include "common/error.h"
 
-namespace torchrpc {
+namespace torchrpc::transport {
 
 namespace {
 
@@ -95,13 +95,13 @@ int listenTcp(const std::string& host, int port, std::string* boundAddress) {
   for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
     int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
     if (fd < 0) {
-      lastError = errnoMessage("socket", errno);
+      lastError = common::errnoMessage("socket", errno);
       continue;
     }
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd, 1024) != 0) {
-      lastError = errnoMessage("bind/listen", errno);
+      lastError = common::errnoMessage("bind/listen", errno);
       ::close(fd);
       continue;
     }
@@ -119,14 +119,14 @@ int listenTcp(const std::string& host, int port, std::string* boundAddress) {
 
 int listenUnix(const std::string& abstractName, std::string* boundAddress) {
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  TORCH_CHECK(fd >= 0, errnoMessage("socket(AF_UNIX)", errno));
+  TORCH_CHECK(fd >= 0, common::errnoMessage("socket(AF_UNIX)", errno));
   sockaddr_un sa;
   socklen_t len = unixSockaddr(abstractName, &sa);
   if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), len) != 0 || ::listen(fd, 1024) != 0) {
     int err = errno;
     ::close(fd);
     TORCH_CHECK(false, "cannot listen on unix:@", abstractName, ": ",
-                errnoMessage("bind/listen", err));
+                common::errnoMessage("bind/listen", err));
   }
   setNonBlocking(fd);
   *boundAddress = "unix:@" + abstractName;
@@ -149,10 +149,10 @@ void configureConnectedSocket(int fd) {
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
 }
 
-Fallible<int> connectTo(const std::string& address, double timeoutSeconds) {
+common::Fallible<int> connectTo(const std::string& address, double timeoutSeconds) {
   auto failed = [](std::string what, int fd = -1) {
     if (fd >= 0) ::close(fd);
-    return Fallible<int>{-1, Error(Error::Code::kIo, std::move(what))};
+    return common::Fallible<int>{-1, common::Error(common::Error::Code::kIo, std::move(what))};
   };
   SocketAddress a;
   try {
@@ -182,11 +182,11 @@ Fallible<int> connectTo(const std::string& address, double timeoutSeconds) {
   }
   int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
-    return failed(errnoMessage("socket", errno));
+    return failed(common::errnoMessage("socket", errno));
   }
   int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&ss), len);
   if (rc != 0 && errno != EINPROGRESS && errno != EAGAIN) {
-    return failed(errnoMessage("connect", errno), fd);
+    return failed(common::errnoMessage("connect", errno), fd);
   }
   if (rc != 0) {
     auto deadline = std::chrono::steady_clock::now() +
@@ -206,11 +206,11 @@ Fallible<int> connectTo(const std::string& address, double timeoutSeconds) {
     socklen_t l = sizeof(soErr);
     getsockopt(fd, SOL_SOCKET, SO_ERROR, &soErr, &l);
     if (soErr != 0) {
-      return failed(errnoMessage("connect", soErr), fd);
+      return failed(common::errnoMessage("connect", soErr), fd);
     }
   }
   configureConnectedSocket(fd);
-  return {fd, Error()};
+  return {fd, common::Error()};
 }
 
-}  // namespace torchrpc
+}  // namespace torchrpc::transport

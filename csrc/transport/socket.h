@@ -10,7 +10,7 @@
 
 #include "common/error.h"
 
-namespace torchrpc {
+namespace torchrpc::transport {
 
 struct SocketAddress {
   bool isUnix{false};
@@ -27,9 +27,9 @@ int listenTcp(const std::string& host, int port, std::string* boundAddress);
 int listenUnix(const std::string& abstractName, std::string* boundAddress);
 
 // Connects with a deadline; returns a non-blocking fd, or the error.
-Fallible<int> connectTo(const std::string& address, double timeoutSeconds);
+common::Fallible<int> connectTo(const std::string& address, double timeoutSeconds);
 
 // Applies the per-connection options: non-blocking, TCP_NODELAY on TCP.
 void configureConnectedSocket(int fd);
 
-}  // namespace torchrpc
+}  // namespace torchrpc::transport

@@ -8,7 +8,7 @@
 #include "autograd/engine.h"
 #include "common/error.h"
 
-namespace torchrpc {
+namespace torchrpc::worker {
 
 std::string localHostId() {
   char host[256] = {0};
@@ -23,21 +23,21 @@ std::string localHostId() {
   return id;
 }
 
-Worker::Worker(AgentOptions options, c10::intrusive_ptr<c10d::Store> store, const Hook& beforeServing) {
+Worker::Worker(agent::AgentOptions options, c10::intrusive_ptr<c10d::Store> store, const Hook& beforeServing) {
   if (options.hostId.empty()) options.hostId = localHostId();
   const int rank = options.rank;
   const int worldSize = options.worldSize;
-  agent_ = std::make_shared<Agent>(options);
+  agent_ = std::make_shared<agent::Agent>(options);
   try {
-    rendezvous_ = std::make_unique<Rendezvous>(std::move(store), rank, worldSize);
+    rendezvous_ = std::make_unique<rendezvous::Rendezvous>(std::move(store), rank, worldSize);
     auto [tcp, unixAddr] = agent_->listen();
-    peers_ = rendezvous_->exchange(PeerInfo{options.name, rank, tcp, unixAddr, options.hostId});
+    peers_ = rendezvous_->exchange(agent::PeerInfo{options.name, rank, tcp, unixAddr, options.hostId});
     agent_->setPeers(peers_);
     rrefs_ = rref::RRefContext::create(agent_);
     autograd::install(*agent_);
     if (beforeServing) beforeServing(*agent_, *rrefs_);
     agent_->startServing();
-    Agent::setCurrent(agent_);
+    agent::Agent::setCurrent(agent_);
   } catch (...) {
     agent_->shutdown();
     if (rrefs_) rrefs_->stop();
@@ -62,7 +62,7 @@ std::exception_ptr Worker::leaveGracefully(double timeoutSeconds,
   const std::string& me = agent_->options().name;
   const std::string limit = std::to_string(timeoutSeconds) + " s";
   if (size_t left = agent_->waitPending(timeoutSeconds)) {
-    return makeRpcError(ErrorKind::kTimeout, "shutdown on " + me + ": " + std::to_string(left) +
+    return common::makeRpcError(common::ErrorKind::kTimeout, "shutdown on " + me + ": " + std::to_string(left) +
                                                  " call(s) still pending after " + limit);
   }
   const auto started = std::chrono::steady_clock::now();
@@ -81,7 +81,7 @@ std::exception_ptr Worker::leaveGracefully(double timeoutSeconds,
       size_t messages = rrefs_->waitIdle(leftSeconds());
       size_t calls = agent_->waitPending(leftSeconds());
       if (messages || calls) {
-        failure = makeRpcError(ErrorKind::kTimeout, "shutdown on " + me + ": " + std::to_string(messages) +
+        failure = common::makeRpcError(common::ErrorKind::kTimeout, "shutdown on " + me + ": " + std::to_string(messages) +
                                                         " RRef protocol message(s) and " + std::to_string(calls) +
                                                         " call(s) still unanswered after " + limit);
       }
@@ -94,16 +94,16 @@ std::exception_ptr Worker::leaveGracefully(double timeoutSeconds,
     // The meeting of all workers failed: a timeout, or the store gone (its
     // host exited) well before it.
     const double waited = secondsSince(started);
-    const std::string why = errorParts(std::current_exception()).message;
+    const std::string why = common::errorParts(std::current_exception()).message;
     if (waited < 0.9 * timeoutSeconds) {
-      return makeRpcError(
-          ErrorKind::kPeerUnreachable,
+      return common::makeRpcError(
+          common::ErrorKind::kPeerUnreachable,
           "shutdown on " + me + ": the rendezvous store stopped answering after " + std::to_string(waited) + " s (" +
               why + "). With tcp:// and env:// rank 0 (" + peers_.at(0).name +
               ") hosts it, and it has probably exited without shutdown(); the other workers cannot meet. Shut "
               "them down with shutdown(graceful=False).");
     }
-    return makeRpcError(ErrorKind::kTimeout,
+    return common::makeRpcError(common::ErrorKind::kTimeout,
                         "shutdown on " + me + ": not every worker reached shutdown within " + limit + " (" + why + ")");
   }
   return failure;
@@ -124,4 +124,4 @@ void Worker::shutdown(double timeoutSeconds) {
   if (report.failure) std::rethrow_exception(report.failure);
 }
 
-}  // namespace torchrpc
+}  // namespace torchrpc::worker

@@ -35,7 +35,7 @@
 #include "rendezvous/rendezvous.h"
 #include "rref/rref_context.h"
 
-namespace torchrpc {
+namespace torchrpc::worker {
 
 // Identifies this host and network namespace: workers with equal ids talk over
 // Unix sockets. Python workers use the same function.
@@ -43,18 +43,18 @@ std::string localHostId();
 
 class Worker {
  public:
-  using Hook = std::function<void(Agent&, rref::RRefContext&)>;
+  using Hook = std::function<void(agent::Agent&, rref::RRefContext&)>;
 
   // Joins the job (see Init above); throws if it cannot, leaving nothing running.
-  Worker(AgentOptions options, c10::intrusive_ptr<c10d::Store> store, const Hook& beforeServing = {});
+  Worker(agent::AgentOptions options, c10::intrusive_ptr<c10d::Store> store, const Hook& beforeServing = {});
   // Stops at once if stop() was not called.
   ~Worker();
 
-  Agent& agent() { return *agent_; }
-  const std::shared_ptr<Agent>& agentPtr() const { return agent_; }
+  agent::Agent& agent() { return *agent_; }
+  const std::shared_ptr<agent::Agent>& agentPtr() const { return agent_; }
   const std::shared_ptr<rref::RRefContext>& rrefs() const { return rrefs_; }
   // Every worker of the job, by rank.
-  const std::vector<PeerInfo>& peers() const { return peers_; }
+  const std::vector<agent::PeerInfo>& peers() const { return peers_; }
 
   struct StopReport {
     std::exception_ptr failure;  // an RpcError: why the graceful part did not finish
@@ -73,11 +73,11 @@ class Worker {
  private:
   std::exception_ptr leaveGracefully(double timeoutSeconds, std::vector<rref::OwnerTable::EntryInfo>* leaked);
 
-  std::shared_ptr<Agent> agent_;
+  std::shared_ptr<agent::Agent> agent_;
   std::shared_ptr<rref::RRefContext> rrefs_;
-  std::unique_ptr<Rendezvous> rendezvous_;
-  std::vector<PeerInfo> peers_;
+  std::unique_ptr<rendezvous::Rendezvous> rendezvous_;
+  std::vector<agent::PeerInfo> peers_;
   bool stopped_{false};
 };
 
-}  // namespace torchrpc
+}  // namespace torchrpc::worker

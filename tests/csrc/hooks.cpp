@@ -34,8 +34,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "encode_frame",
       [](int type, uint64_t id, py::bytes payload, std::vector<at::Tensor> tensors, uint64_t lendFrom) {
-        torchrpc::Message msg{static_cast<torchrpc::MessageType>(type), id, std::string(payload), std::move(tensors)};
-        torchrpc::OutgoingFrame f = torchrpc::encodeFrame(std::move(msg), lendFrom);
+        torchrpc::message::Message msg{static_cast<torchrpc::message::MessageType>(type), id, std::string(payload), std::move(tensors)};
+        torchrpc::message::OutgoingFrame f = torchrpc::message::encodeFrame(std::move(msg), lendFrom);
         std::string out = f.prefix;
         for (const auto& t : f.tensors) out.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
         return py::bytes(out);
@@ -43,7 +43,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("type"), py::arg("id"), py::arg("payload"), py::arg("tensors"), py::arg("lend_from") = 0);
   m.def("parse_frames", [](py::bytes data, size_t chunk) {
     std::string bytes(data);
-    torchrpc::FrameReader reader;
+    torchrpc::message::FrameReader reader;
     size_t pos = 0;
     while (pos < bytes.size() && reader.error().empty()) {
       size_t n = std::min(std::max<size_t>(chunk, 1), bytes.size() - pos);
@@ -80,7 +80,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("context_id"), py::arg("send_id"), py::arg("retain"), py::arg("grads"), py::arg("root") = 0,
       py::arg("backward_id") = 0, py::arg("pass_id") = 0, py::arg("report") = py::none());
   m.def("parse_backward", [](py::bytes payload, std::vector<at::Tensor> tensors) {
-    torchrpc::Message msg{torchrpc::MessageType::kAutogradBackward, 0, std::string(payload), std::move(tensors)};
+    torchrpc::message::Message msg{torchrpc::message::MessageType::kAutogradBackward, 0, std::string(payload), std::move(tensors)};
     auto r = ag::parseBackward(std::move(msg));
     return py::make_tuple(r.contextId, r.sendId, r.retainGraph, r.grads, r.rootRank, r.backwardId, r.passId,
                           toReport(r.report));
@@ -89,23 +89,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return py::bytes(ag::passDoneMessage(backwardId, {passId, std::move(children)}).payload);
   });
   m.def("parse_pass_done", [](py::bytes payload) {
-    torchrpc::Message msg{torchrpc::MessageType::kAutogradPassDone, 0, std::string(payload), {}};
+    torchrpc::message::Message msg{torchrpc::message::MessageType::kAutogradPassDone, 0, std::string(payload), {}};
     auto [backwardId, report] = ag::parsePassDone(msg);
     return py::make_tuple(backwardId, report.passId, report.children);
   });
 
   // The same-host copy's proof of pid (transport/same_host.h): (pid, "") or (-1, why).
-  m.def("same_host_offer", [] { return py::bytes(torchrpc::same_host::offer()); });
+  m.def("same_host_offer", [] { return py::bytes(torchrpc::transport::same_host::offer()); });
   m.def("same_host_verify", [](py::bytes offer) {
-    auto pid = torchrpc::same_host::verify(offer);
+    auto pid = torchrpc::transport::same_host::verify(offer);
     return py::make_tuple(pid.value, pid.error.what());
   });
 
   // A pool's core bookkeeping, driven from Python threads.
-  py::class_<torchrpc::CoreSpread>(m, "CoreSpread")
+  py::class_<torchrpc::agent::CoreSpread>(m, "CoreSpread")
       .def(py::init<>())
-      .def("settle", &torchrpc::CoreSpread::settle)
-      .def_static("leave", &torchrpc::CoreSpread::leave);
+      .def("settle", &torchrpc::agent::CoreSpread::settle)
+      .def_static("leave", &torchrpc::agent::CoreSpread::leave);
 
   // RRef protocol messages as if they had arrived, in any order.
   using Ctx = std::shared_ptr<torchrpc::rref::RRefContext>;

@@ -43,14 +43,14 @@ int main(int argc, char** argv) {
   storeOptions.timeout = std::chrono::seconds(60);
   auto store = c10::make_intrusive<c10d::TCPStore>(argv[4], storeOptions);
 
-  torchrpc::AgentOptions options;
+  torchrpc::agent::AgentOptions options;
   options.name = name;
   options.rank = rank;
   options.worldSize = worldSize;
   options.numWorkerThreads = 4;
   // The model's forward calls other workers through the torchrpc:: ops.
   torch::jit::Module model = torch::jit::load(argv[6]);
-  torchrpc::Worker worker(options, store, [&](torchrpc::Agent& agent, torchrpc::rref::RRefContext&) {
+  torchrpc::worker::Worker worker(options, store, [&](torchrpc::agent::Agent& agent, torchrpc::rref::RRefContext&) {
     agent.registry().add(name + ".forward", torchrpc::script_dispatch::moduleMethodCallee(model, "forward"));
   });
   std::cout << name << ": joined a job of " << worldSize << " workers" << std::endl;
