@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import torchrpc as rpc
-from tests.multiprocess import funcs
+from tests.multiprocess import funcs, rref_funcs
 from tests.multiprocess.cluster import Cluster
 
 X = torch.arange(3.0)
@@ -53,11 +53,11 @@ def test_cpp_worker_owns_and_serves_rrefs(job):
     assert rref.owner_name() == "worker2"
     assert torch.equal(rref.to_here(), X * 6)
     # a third worker fetches it from the C++ owner, from TorchScript
-    assert torch.equal(rpc.rpc_sync("worker1", funcs.script_to_here, args=(rref,)), X * 6)
+    assert torch.equal(rpc.rpc_sync("worker1", rref_funcs.script_to_here, args=(rref,)), X * 6)
     # proxies need Python on the owner: a clear error, not a hang
     with pytest.raises(RuntimeError, match=r"(?s)add\(\) of RRef.*worker2 runs no Python"):
         rref.rpc_sync(timeout=10).add(X)
     del rref
-    funcs.rref_settle()
-    assert rpc.rpc_sync("worker1", funcs.rref_settle) == 0
+    rref_funcs.rref_settle()
+    assert rpc.rpc_sync("worker1", rref_funcs.rref_settle) == 0
     assert rpc.rref._live_rrefs()["users"] == []

@@ -1,7 +1,8 @@
 """remote() and RRef against a 3-worker job: the three kinds of creator,
-remote objects and proxies, RRefs as arguments and results (nested, back to
-the owner), distributed reference counting, creation errors, and tensors that
-require grad. Every test ends with no owner RRef left on any worker."""
+RRefs as arguments and results (nested, back to the owner), distributed
+reference counting, creation errors, and tensors that require grad (remote
+objects and proxies: test_rref_proxies.py). Every test ends with no owner
+RRef left on any worker."""
 
 import gc
 import uuid
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 import torchrpc as rpc
-from tests.multiprocess import funcs
+from tests.multiprocess import funcs, rref_funcs
 from tests.multiprocess.cluster import Cluster
 
 WORKERS = ["worker0", "worker1", "worker2"]
@@ -29,13 +30,13 @@ def settle():
         gc.collect()
         assert rpc.rref._wait_idle(10.0) == 0
         for name in WORKERS[1:]:
-            assert rpc.rpc_sync(name, funcs.rref_settle) == 0
+            assert rpc.rpc_sync(name, rref_funcs.rref_settle) == 0
 
 
 def owners_everywhere():
     out = {"worker0": rpc.rref._live_rrefs()["owner_objects"]}
     for name in WORKERS[1:]:
-        out[name] = rpc.rpc_sync(name, funcs.live_rrefs)["owner_objects"]
+        out[name] = rpc.rpc_sync(name, rref_funcs.live_rrefs)["owner_objects"]
     return out
 
 
@@ -46,7 +47,7 @@ def no_leaks():
     before = owners_everywhere()
     yield
     for name in WORKERS[1:]:
-        rpc.rpc_sync(name, funcs.drop_stored)
+        rpc.rpc_sync(name, rref_funcs.drop_stored)
     settle()
     after = owners_everywhere()
     assert {name: sorted(set(after[name]) - set(before[name])) for name in WORKERS} == {
@@ -91,7 +92,7 @@ def test_remote_to_self_is_owner():
     rref = rpc.remote("worker0", funcs.add, args=(torch.ones(1), torch.ones(1)))
     assert rref.is_owner()
     assert torch.equal(rref.to_here(), torch.full((1,), 2.0))
-    obj = rpc.remote(0, funcs.Tracked, args=("self", 7))
+    obj = rpc.remote(0, rref_funcs.Tracked, args=("self", 7))
     assert obj.local_value().payload == 7
 
 
@@ -100,172 +101,45 @@ def test_many_remotes_in_flight():
     assert [r.to_here() for r in rrefs] == [2 * i for i in range(64)]
 
 
-# ---- remote objects and proxies -------------------------------------------------
-
-def test_remote_object_and_proxies():
-    name = unique("counter")
-    obj = rpc.remote("worker1", funcs.Tracked, args=(name, 10))
-    assert obj.rpc_sync().get() == 10
-    assert obj.rpc_sync().set(11) == 11
-    fut = obj.rpc_async().set(12)
-    assert isinstance(fut, torch.futures.Future)
-    assert fut.wait() == 12
-    result = obj.remote().get()
-    assert isinstance(result, rpc.RRef) and result.owner_name() == "worker1"
-    assert result.to_here() == 12
-    assert rpc.rpc_sync("worker1", funcs.tracked_alive, args=(name,))
-    copy = obj.to_here()  # a copy of the object, not the object
-    assert isinstance(copy, funcs.Tracked) and copy.payload == 12
-
-
-PLAIN_VALUES = [1, -(1 << 62), 2.5, True, "text", None, (1, "a", None), [1, 2], ["a", "b"],
-                {"w": torch.ones(2)}, torch.arange(6).view(2, 3).t(), (torch.ones(1), [2.0, 3.0])]
-# Values only a pickle keeps (type, range, or mix): proxies pickle these.
-OTHER_VALUES = [1 << 70, [1, "a"], [], {}, {1: "int key"}, torch.nn.Parameter(torch.ones(2)),
-                torch.Size([2, 3]), funcs.Counter(4)]
-
-
-def same(a, b):
-    if isinstance(a, torch.Tensor):
-        return type(a) is type(b) and torch.equal(a, b)
-    if isinstance(a, (tuple, list)):
-        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return type(b) is dict and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, funcs.Counter):
-        return type(b) is funcs.Counter and a.value == b.value
-    return type(a) is type(b) and a == b
-
-
-def test_proxy_calls_keep_every_value_and_type():
-    obj = rpc.remote("worker1", funcs.Echo)
-    for v in PLAIN_VALUES + OTHER_VALUES:
-        assert same(obj.rpc_sync().value(v), v), v
-        assert same(obj.rpc_async().value(v).wait(), v), v
-    args, kwargs = obj.rpc_sync().call(1, torch.ones(2), key="word", other=[1.5])
-    assert same(args, (1, torch.ones(2))) and same(kwargs, {"key": "word", "other": [1.5]})
-    assert obj.rpc_sync().size_of(torch.ones(2, 3)) == torch.Size([2, 3])
-    assert type(obj.rpc_sync().size_of(torch.ones(2, 3))) is torch.Size
-
-
-def test_proxy_calls_with_plain_arguments_skip_pickling():
-    # Plain arguments travel as IValues (RREF_METHOD_CALL); the rest, and the
-    # owner's own proxies, as a pickled call.
-    obj = rpc.remote("worker1", funcs.Echo)
-    for v in PLAIN_VALUES:
-        invocation = rpc.rref._method_call("rpc_sync", obj, "value", (v,), {}, -1)
-        assert invocation is not None and same(invocation.wait(), v), v
-    for v in OTHER_VALUES:
-        assert rpc.rref._method_call("rpc_sync", obj, "value", (v,), {}, -1) is None, v
-    assert rpc.rref._method_call("rpc_sync", obj, "value", (1,), {"rref": obj}, -1) is None
-    assert rpc.rref._method_call("rpc_sync", rpc.RRef(funcs.Echo()), "value", (1,), {}, -1) is None
-
-
-def test_proxy_calls_keep_requires_grad_outside_a_context():
-    obj = rpc.remote("worker2", funcs.Echo)
-    x = torch.ones(2, requires_grad=True)
-    assert obj.rpc_sync().seen(x) == (("tuple", [("Tensor", True)]), ("dict", {}))
-    assert obj.rpc_sync().seen(torch.ones(2)) == (("tuple", [("Tensor", False)]), ("dict", {}))
-    y = obj.rpc_sync().grad_result()
-    assert y.requires_grad and torch.equal(y.detach(), torch.full((2,), 2.0))
-    with rpc.autograd.context():  # recorded: the owner's copy has a history
-        assert obj.rpc_sync().seen(x) == (("tuple", [("Tensor", True)]), ("dict", {}))
-        with torch.no_grad():  # not recorded: pickled, as outside a context
-            assert obj.rpc_sync().seen(x) == (("tuple", [("Tensor", True)]), ("dict", {}))
-
-
-def test_proxy_errors_name_the_method_and_the_owner():
-    obj = rpc.remote("worker1", funcs.Echo)
-    with pytest.raises(funcs.CustomError, match="(?s)broken.*worker1.*Echo.fail"):
-        obj.rpc_sync().fail("broken")
-    fut = obj.rpc_async().fail("broken again")
-    with pytest.raises(funcs.CustomError, match="broken again") as caught:
-        fut.wait()
-    caught.value.__traceback__ = None  # see test_creation_error_surfaces_on_to_here
-    with pytest.raises(rpc.RpcTimeoutError, match=r"(?s)worker1.*'sleep\(\) of RRef"):
-        obj.rpc_sync(timeout=0.2).sleep(1.0)
-    assert obj.rpc_sync().wait_idle()  # the owner served the late call too
-
-
-def test_proxy_call_of_a_dropped_rref_still_answers():
-    # The RRef goes away right after the call is sent: the owner keeps the
-    # value until it has answered.
-    futures = [rpc.remote("worker2", funcs.Counter, args=(i,)).rpc_async().bump(1) for i in range(20)]
-    assert [f.wait() for f in futures] == [i + 1 for i in range(20)]
-
-
-def test_owner_rref_of_local_value():
-    value = funcs.Counter(3)
-    rref = rpc.RRef(value)
-    assert rref.is_owner()
-    assert rref.local_value() is value
-    assert rref.to_here() is value
-    assert rref.owner() == rpc.get_worker_info()
-    assert rref.confirmed_by_owner()
-    assert rref.rpc_sync().bump(2) == 5  # a proxy call to ourselves
-    assert value.value == 5
-
-
-def test_local_value_on_a_user_says_who_owns_it():
-    rref = rpc.remote("worker2", funcs.py_add, args=(1, 1))
-    with pytest.raises(RuntimeError, match="owned by 'worker2'.*to_here"):
-        rref.local_value()
-
-
-def test_backward_of_a_local_owner_rref():
-    x = torch.ones(3, requires_grad=True)
-    rpc.RRef((x * 2).sum()).backward()  # no context: a local backward pass
-    assert torch.equal(x.grad, torch.full((3,), 2.0))
-    with pytest.raises(TypeError, match="needs an RRef of a tensor"):
-        rpc.RRef(1).backward()
-
-
-def test_rref_cannot_be_pickled_outside_rpc():
-    import pickle
-
-    with pytest.raises(TypeError, match="only be pickled by torchrpc"):
-        pickle.dumps(rpc.RRef(1))
-
-
 # ---- RRefs as arguments and results ------------------------------------------------
 
 def test_user_rref_to_another_user():
     rref = rpc.remote("worker1", funcs.add, args=(torch.ones(2), torch.ones(2)))
-    assert torch.equal(rpc.rpc_sync("worker2", funcs.rref_to_here, args=(rref,)), torch.full((2,), 2.0))
+    assert torch.equal(rpc.rpc_sync("worker2", rref_funcs.rref_to_here, args=(rref,)), torch.full((2,), 2.0))
     # worker2's fork came from a user: confirmed only once worker1 answered its FORK_REQUEST
-    assert rpc.rpc_sync("worker2", funcs.rref_info, args=(rref,))[:2] == (False, "worker1")
+    assert rpc.rpc_sync("worker2", rref_funcs.rref_info, args=(rref,))[:2] == (False, "worker1")
 
 
 def test_user_rref_back_to_its_owner_is_the_owner_rref():
     name = unique("back")
-    rref = rpc.remote("worker1", funcs.Tracked, args=(name, 5))
-    assert rpc.rpc_sync("worker1", funcs.rref_info, args=(rref,)) == (True, "worker1", True)
-    assert rpc.rpc_sync("worker1", funcs.rref_local_value, args=(rref,)).payload == 5
+    rref = rpc.remote("worker1", rref_funcs.Tracked, args=(name, 5))
+    assert rpc.rpc_sync("worker1", rref_funcs.rref_info, args=(rref,)) == (True, "worker1", True)
+    assert rpc.rpc_sync("worker1", rref_funcs.rref_local_value, args=(rref,)).payload == 5
 
 
 def test_owner_rref_to_users_and_back():
     rref = rpc.RRef(torch.arange(4.0))
-    assert torch.equal(rpc.rpc_sync("worker1", funcs.rref_to_here, args=(rref,)), torch.arange(4.0))
-    assert rpc.rpc_sync("worker2", funcs.rref_info, args=(rref,)) == (False, "worker0", True)  # from the owner
+    assert torch.equal(rpc.rpc_sync("worker1", rref_funcs.rref_to_here, args=(rref,)), torch.arange(4.0))
+    assert rpc.rpc_sync("worker2", rref_funcs.rref_info, args=(rref,)) == (False, "worker0", True)  # from the owner
     # worker1 passes our RRef on to worker2 (user -> user), and back to us (owner).
-    assert torch.equal(rpc.rpc_sync("worker1", funcs.rref_forward, args=(rref, "worker2")), torch.arange(4.0))
-    assert torch.equal(rpc.rpc_sync("worker1", funcs.rref_forward, args=(rref, "worker0")), torch.arange(4.0))
+    assert torch.equal(rpc.rpc_sync("worker1", rref_funcs.rref_forward, args=(rref, "worker2")), torch.arange(4.0))
+    assert torch.equal(rpc.rpc_sync("worker1", rref_funcs.rref_forward, args=(rref, "worker0")), torch.arange(4.0))
 
 
 def test_nested_three_hops():
     # worker0 holds worker1's RRef, gives it to worker2, which gives it to worker0 again.
     rref = rpc.remote("worker1", funcs.py_add, args=([1], [2]))
-    assert rpc.rpc_sync("worker2", funcs.rref_forward, args=(rref, "worker0")) == [1, 2]
-    assert rpc.rpc_sync("worker2", funcs.rref_forward, args=(rref, "worker2")) == [1, 2]
+    assert rpc.rpc_sync("worker2", rref_funcs.rref_forward, args=(rref, "worker0")) == [1, 2]
+    assert rpc.rpc_sync("worker2", rref_funcs.rref_forward, args=(rref, "worker2")) == [1, 2]
 
 
 def test_rref_sent_to_self():
     rref = rpc.remote("worker1", funcs.py_add, args=(1, 2))
     # a user sending to itself, and an owner sending to itself
-    assert rpc.rpc_sync("worker2", funcs.rref_to_self, args=(rref,))[:2] == (False, "worker1")
-    assert rpc.rpc_sync("worker1", funcs.rref_to_self, args=(rref,)) == (True, "worker1", True)
+    assert rpc.rpc_sync("worker2", rref_funcs.rref_to_self, args=(rref,))[:2] == (False, "worker1")
+    assert rpc.rpc_sync("worker1", rref_funcs.rref_to_self, args=(rref,)) == (True, "worker1", True)
     owned = rpc.RRef(3)
-    assert funcs.rref_to_self(owned) == (True, "worker0", True)
+    assert rref_funcs.rref_to_self(owned) == (True, "worker0", True)
 
 
 def test_rrefs_inside_containers_and_kwargs():
@@ -288,11 +162,11 @@ def test_rref_next_to_a_lambda_is_forked_once():
 
 
 def test_rref_as_result():
-    rref = rpc.rpc_sync("worker1", funcs.make_rref, args=(torch.ones(2),))
+    rref = rpc.rpc_sync("worker1", rref_funcs.make_rref, args=(torch.ones(2),))
     assert rref.owner_name() == "worker1" and not rref.is_owner()
     assert torch.equal(rref.to_here(), torch.ones(2))
     # a user RRef returned by a worker that is not its owner
-    rref2 = rpc.rpc_sync("worker2", funcs.remote_from_here, args=("worker1", funcs.py_add, (4, 5)))
+    rref2 = rpc.rpc_sync("worker2", rref_funcs.remote_from_here, args=("worker1", funcs.py_add, (4, 5)))
     assert rref2.owner_name() == "worker1"
     assert rref2.to_here() == 9
     # an RRef owned by the caller, returned to it
@@ -302,7 +176,7 @@ def test_rref_as_result():
 
 def test_rref_as_remote_argument():
     base = rpc.remote("worker1", funcs.add, args=(torch.ones(2), torch.ones(2)))
-    derived = rpc.remote("worker2", funcs.rref_sum, args=(base,))
+    derived = rpc.remote("worker2", rref_funcs.rref_sum, args=(base,))
     assert derived.to_here().item() == 4.0
 
 
@@ -317,26 +191,26 @@ def test_rref_value_containing_rrefs():
 
 def test_owner_frees_the_value_when_the_last_user_is_gone():
     name = unique("freed")
-    rref = rpc.remote("worker1", funcs.Tracked, args=(name, 1))
+    rref = rpc.remote("worker1", rref_funcs.Tracked, args=(name, 1))
     rref.to_here()  # created and confirmed
-    assert rpc.rpc_sync("worker2", funcs.store_rref, args=("k", rref)) is False
+    assert rpc.rpc_sync("worker2", rref_funcs.store_rref, args=("k", rref)) is False
     del rref
     settle()
-    assert rpc.rpc_sync("worker1", funcs.tracked_alive, args=(name,))  # worker2 still holds it
-    assert rpc.rpc_sync("worker2", funcs.stored_to_here, args=("k",)).payload == 1
-    rpc.rpc_sync("worker2", funcs.drop_stored, args=("k",))
+    assert rpc.rpc_sync("worker1", rref_funcs.tracked_alive, args=(name,))  # worker2 still holds it
+    assert rpc.rpc_sync("worker2", rref_funcs.stored_to_here, args=("k",)).payload == 1
+    rpc.rpc_sync("worker2", rref_funcs.drop_stored, args=("k",))
     settle()
-    assert not rpc.rpc_sync("worker1", funcs.tracked_alive, args=(name,))
+    assert not rpc.rpc_sync("worker1", rref_funcs.tracked_alive, args=(name,))
 
 
 def test_owner_keeps_a_local_value_its_users_dropped():
     value = funcs.Counter(0)
     rref = rpc.RRef(value)
-    rpc.rpc_sync("worker1", funcs.rref_info, args=(rref,))
+    rpc.rpc_sync("worker1", rref_funcs.rref_info, args=(rref,))
     settle()
     assert rpc.rref._live_rrefs()["owners"] == []  # no user left...
     assert rref.local_value() is value  # ...but our handle keeps it
-    assert funcs.rref_to_here(rref) is value
+    assert rref_funcs.rref_to_here(rref) is value
 
 
 def test_fork_then_drop_before_confirmation():
@@ -347,32 +221,32 @@ def test_fork_then_drop_before_confirmation():
     names = [unique("race") for _ in range(20)]
     futures = []
     for i, name in enumerate(names):
-        rref = rpc.remote("worker1", funcs.Tracked, args=(name, i))
-        futures.append(rpc.rpc_async("worker2", funcs.store_rref, args=(name, rref)))
+        rref = rpc.remote("worker1", rref_funcs.Tracked, args=(name, i))
+        futures.append(rpc.rpc_async("worker2", rref_funcs.store_rref, args=(name, rref)))
         del rref
         gc.collect()
     torch.futures.wait_all(futures)
     settle()
     for i, name in enumerate(names):
-        assert rpc.rpc_sync("worker2", funcs.stored_to_here, args=(name,)).payload == i
-    rpc.rpc_sync("worker2", funcs.drop_stored)
+        assert rpc.rpc_sync("worker2", rref_funcs.stored_to_here, args=(name,)).payload == i
+    rpc.rpc_sync("worker2", rref_funcs.drop_stored)
     settle()
-    assert not any(rpc.rpc_sync("worker1", funcs.tracked_alive, args=(n,)) for n in names)
+    assert not any(rpc.rpc_sync("worker1", rref_funcs.tracked_alive, args=(n,)) for n in names)
 
 
 def test_confirmed_user_forks_then_drops_at_once():
     # As above, with worker0's own RRef already confirmed: its USER_DELETE
     # would otherwise go out at once and race worker2's FORK_REQUEST.
     names = [unique("race2") for _ in range(20)]
-    rrefs = [rpc.remote("worker1", funcs.Tracked, args=(name, i)) for i, name in enumerate(names)]
+    rrefs = [rpc.remote("worker1", rref_funcs.Tracked, args=(name, i)) for i, name in enumerate(names)]
     assert rpc.rref._wait_idle(10.0) == 0 and all(r.confirmed_by_owner() for r in rrefs)
     futures = []
     for name in names:
-        futures.append(rpc.rpc_async("worker2", funcs.store_rref, args=(name, rrefs.pop(0))))
+        futures.append(rpc.rpc_async("worker2", rref_funcs.store_rref, args=(name, rrefs.pop(0))))
         gc.collect()
     torch.futures.wait_all(futures)
     for i, name in enumerate(names):
-        got = rpc.rpc_sync("worker2", funcs.stored_to_here, args=(name,), timeout=10)
+        got = rpc.rpc_sync("worker2", rref_funcs.stored_to_here, args=(name,), timeout=10)
         assert got.payload == i
 
 
@@ -382,30 +256,30 @@ def test_user_sends_its_rref_to_the_owner_and_drops_it_at_once():
     # call by then), so its USER_DELETE cannot overtake the call. Proxies
     # (rref.rpc_async().get()) take this path.
     names = [unique("to-owner") for _ in range(20)]
-    rrefs = [rpc.remote("worker1", funcs.Tracked, args=(name, i)) for i, name in enumerate(names)]
+    rrefs = [rpc.remote("worker1", rref_funcs.Tracked, args=(name, i)) for i, name in enumerate(names)]
     assert rpc.rref._wait_idle(10.0) == 0 and all(r.confirmed_by_owner() for r in rrefs)
     futures = []
     for i in range(len(names)):
         rref = rrefs.pop(0)
         futures.append(rref.rpc_async().get() if i % 2 else
-                       rpc.rpc_async("worker1", funcs.rref_to_here, args=(rref,)))
+                       rpc.rpc_async("worker1", rref_funcs.rref_to_here, args=(rref,)))
         del rref
         gc.collect()
     got = [f.wait() for f in futures]
     assert [g if isinstance(g, int) else g.payload for g in got] == list(range(len(names)))
     settle()
     assert rpc.rref._live_rrefs()["pending_children"] == []
-    assert not any(rpc.rpc_sync("worker1", funcs.tracked_alive, args=(n,)) for n in names)
+    assert not any(rpc.rpc_sync("worker1", rref_funcs.tracked_alive, args=(n,)) for n in names)
 
 
 def test_a_call_that_cannot_be_sent_holds_no_rref():
     # The sparse tensor is refused while sending, after the RRef was forked
     # into the pickle: the forks are undone, nothing waits for an answer.
-    rref = rpc.remote("worker1", funcs.Tracked, args=(unique("unsent"), 1))
+    rref = rpc.remote("worker1", rref_funcs.Tracked, args=(unique("unsent"), 1))
     rref.to_here()
     sparse = torch.eye(2).to_sparse()
-    for send in (lambda to: rpc.rpc_sync(to, funcs.rref_info, args=(rref, sparse)),
-                 lambda to: rpc.remote(to, funcs.rref_info, args=(rref, sparse))):
+    for send in (lambda to: rpc.rpc_sync(to, rref_funcs.rref_info, args=(rref, sparse)),
+                 lambda to: rpc.remote(to, rref_funcs.rref_info, args=(rref, sparse))):
         for to in ("worker1", "worker2"):  # the owner (answered fork) and another user
             with pytest.raises(ValueError, match="layout"):
                 send(to)
@@ -415,14 +289,14 @@ def test_a_call_that_cannot_be_sent_holds_no_rref():
 def test_user_forks_to_user_and_drops_at_once():
     # a user -> user fork whose parent drops its copy right after sending
     name = unique("u2u")
-    rpc.rpc_sync("worker2", funcs.store_rref, args=("src", rpc.remote("worker1", funcs.Tracked, args=(name, 3))))
+    rpc.rpc_sync("worker2", rref_funcs.store_rref, args=("src", rpc.remote("worker1", rref_funcs.Tracked, args=(name, 3))))
     # worker2 sends its RRef to worker0 in a result and forgets it at once
-    rref = rpc.rpc_sync("worker2", lambda: funcs._stored.pop("src"))
+    rref = rpc.rpc_sync("worker2", lambda: rref_funcs._stored.pop("src"))
     settle()
     assert rref.to_here().payload == 3
     del rref
     settle()
-    assert not rpc.rpc_sync("worker1", funcs.tracked_alive, args=(name,))
+    assert not rpc.rpc_sync("worker1", rref_funcs.tracked_alive, args=(name,))
 
 
 def test_live_rrefs_lists_owners_and_users():
@@ -431,7 +305,7 @@ def test_live_rrefs_lists_owners_and_users():
     assert rpc.rref._wait_idle(10.0) == 0
     mine = rpc.rref._live_rrefs()
     assert any(u[0] == rref._handle.id() and u[2] == 1 and u[3] for u in mine["users"])
-    theirs = rpc.rpc_sync("worker1", funcs.live_rrefs)
+    theirs = rpc.rpc_sync("worker1", rref_funcs.live_rrefs)
     assert any(o[0] == rref._handle.id() and o[1] == [rref._handle.fork_id()] and o[2] for o in theirs["owners"])
     info = rpc.api._debug_info()
     assert info["user_rrefs"] >= 1
@@ -459,7 +333,7 @@ def test_creation_error_surfaces_on_to_here():
 
 
 def test_creation_error_of_a_class_and_of_script():
-    obj = rpc.remote("worker2", funcs.FailingInit)
+    obj = rpc.remote("worker2", rref_funcs.FailingInit)
     with pytest.raises(funcs.CustomError, match="constructor failed on purpose.*worker2"):
         obj.rpc_sync().get()
     rref = rpc.remote("worker1", funcs.script_raises, args=(torch.ones(1),))
@@ -467,7 +341,7 @@ def test_creation_error_of_a_class_and_of_script():
     with pytest.raises(RuntimeError, match="(?s)positive input.*worker1"):
         rref.to_here()
     # a user that got the failed RRef from someone else sees the same error
-    kind, message = rpc.rpc_sync("worker2", funcs.rref_to_here_error, args=(rref,))
+    kind, message = rpc.rpc_sync("worker2", rref_funcs.rref_to_here_error, args=(rref,))
     assert "positive input" in message and "worker1" in message
 
 
@@ -502,12 +376,12 @@ def test_bad_arguments_raise_on_the_caller():
 # ---- tensors that require grad ----------------------------------------------------
 
 def test_tensors_that_require_grad():
-    rref = rpc.remote("worker1", funcs.grad_tensor)
+    rref = rpc.remote("worker1", rref_funcs.grad_tensor)
     t = rref.to_here()
     assert torch.equal(t.detach(), torch.full((3,), 2.0))
     x = torch.ones(2, requires_grad=True)
     local = rpc.RRef(x)
-    assert rpc.rpc_sync("worker2", funcs.rref_sum, args=(local,)).item() == 2.0
+    assert rpc.rpc_sync("worker2", rref_funcs.rref_sum, args=(local,)).item() == 2.0
     assert local.to_here() is x and x.requires_grad
     script = rpc.remote("worker2", funcs.add, args=(x, x))
     assert torch.equal(script.to_here().detach(), torch.full((2,), 2.0))
@@ -541,7 +415,7 @@ def test_values_fetched_before_they_exist_and_freed_when_dropped():
     # is answered by the thread that creates it) and a USER_DELETE of a small
     # TorchScript value; Python values, errors and large tensors go to the pool.
     settle()
-    before = len(rpc.rpc_sync("worker1", funcs.live_rrefs)["owners"])
+    before = len(rpc.rpc_sync("worker1", rref_funcs.live_rrefs)["owners"])
     slow = rpc.remote("worker1", funcs.busy, args=(20000,))  # still running when the fetch comes
     python = rpc.remote("worker1", funcs.sleep, args=(0.1,))
     failing = rpc.remote("worker1", funcs.add, args=(torch.ones(2), torch.ones(3)))
@@ -551,10 +425,10 @@ def test_values_fetched_before_they_exist_and_freed_when_dropped():
     with pytest.raises(RuntimeError, match="worker1"):
         failing.to_here()
     assert large.to_here().sum().item() == 1 << 19
-    assert len(rpc.rpc_sync("worker1", funcs.live_rrefs)["owners"]) == before + 4
+    assert len(rpc.rpc_sync("worker1", rref_funcs.live_rrefs)["owners"]) == before + 4
     del slow, python, failing, large
     settle()
-    assert len(rpc.rpc_sync("worker1", funcs.live_rrefs)["owners"]) == before
+    assert len(rpc.rpc_sync("worker1", rref_funcs.live_rrefs)["owners"]) == before
 
 
 # ---- timeouts --------------------------------------------------------------------------

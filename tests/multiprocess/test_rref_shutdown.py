@@ -5,18 +5,18 @@ have users afterwards (leaks)."""
 import pytest
 
 import torchrpc as rpc
-from tests.multiprocess import funcs
+from tests.multiprocess import rref_funcs
 from tests.multiprocess.cluster import Cluster
 
 
 def test_graceful_shutdown_releases_users_and_reports_leaks():
     job = Cluster(2).__enter__()
     try:
-        kept = rpc.RRef(funcs.Tracked("kept", 1))
+        kept = rpc.RRef(rref_funcs.Tracked("kept", 1))
         # worker1 still holds a user RRef of ours when the job shuts down
-        assert rpc.rpc_sync("worker1", funcs.store_rref, args=("kept", kept)) is False
+        assert rpc.rpc_sync("worker1", rref_funcs.store_rref, args=("kept", kept)) is False
         assert len(rpc.rref._live_rrefs()["owners"]) == 1
-        remote_kept = rpc.remote("worker1", funcs.Tracked, args=("remote", 2))
+        remote_kept = rpc.remote("worker1", rref_funcs.Tracked, args=("remote", 2))
         assert remote_kept.to_here().payload == 2
         # a fork that no worker will ever receive: the one real leak
         leaked = rpc.RRef("leaked")

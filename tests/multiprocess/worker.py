@@ -29,7 +29,7 @@ def main():
     faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     import torchrpc as rpc
-    from tests.multiprocess import funcs
+    from tests.multiprocess import funcs, rref_funcs  # noqa: F401  (registers their names)
 
     options = dict(num_worker_threads=args.threads, init_timeout=60)
     if args.store:
