@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "agent/core_spread.h"
+#include "auth/hmac.h"
 #include "autograd/autograd_messages.h"
 #include "message/wire.h"
 #include "rref/rref_context.h"
@@ -106,6 +107,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<>())
       .def("settle", &torchrpc::agent::CoreSpread::settle)
       .def_static("leave", &torchrpc::agent::CoreSpread::leave);
+
+  // The handshake's primitives (auth/hmac.h), checked against hashlib and hmac.
+  auto digestBytes = [](const torchrpc::auth::Digest& d) {
+    return py::bytes(reinterpret_cast<const char*>(d.data()), d.size());
+  };
+  m.def("sha256", [digestBytes](py::bytes data) { return digestBytes(torchrpc::auth::sha256(std::string(data))); });
+  m.def("hmac_sha256", [digestBytes](py::bytes key, py::bytes message) {
+    return digestBytes(torchrpc::auth::hmacSha256(std::string(key), std::string(message)));
+  });
 
   // RRef protocol messages as if they had arrived, in any order.
   using Ctx = std::shared_ptr<torchrpc::rref::RRefContext>;
