@@ -53,7 +53,7 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
         store, rank, world_size = rendezvous.open_store(options, rank, world_size)
         worker = native().Worker(name, rank, world_size, options.num_worker_threads, options.rpc_timeout,
                                  rendezvous.listen_host(options.init_method), rendezvous.host_id(), store,
-                                 _install_python)
+                                 options.secret or b"", _install_python)
         state.install(state.Session(worker, rank, options))
 
 

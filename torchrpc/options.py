@@ -29,6 +29,13 @@ class RpcOptions:
             instead of ``init_method``.
         init_timeout (float): seconds init_rpc waits for the whole job
             (default 300).
+        secret (bytes or str): the job's secret. Every connection starts with
+            a handshake in which both ends prove they hold it, so no process
+            without it can send a worker anything. Give every worker the same
+            one, or none (the default, also from ``TORCHRPC_SECRET``): then
+            rank 0 makes a random one and hands it out through the
+            rendezvous store, so whoever can read that store can join. See
+            docs/threat-model.md.
         device_maps, devices: ``TensorPipeRpcBackendOptions``' CUDA device
             maps. torchrpc sends CPU tensors only: ``None`` or empty, else
             ValueError.
@@ -54,6 +61,7 @@ class RpcOptions:
         init_method=constants.DEFAULT_INIT_METHOD,
         store=None,
         init_timeout=constants.DEFAULT_INIT_TIMEOUT_SEC,
+        secret=None,
         device_maps=None,
         devices=None,
         _transports=None,
@@ -84,6 +92,13 @@ class RpcOptions:
                     f"RpcOptions(store=...) expects a torch.distributed.Store; got {type(store).__name__}"
                 )
         self.store = store
+        if isinstance(secret, str):
+            secret = secret.encode()
+        if secret is not None and not isinstance(secret, (bytes, bytearray)):
+            raise TypeError(f"RpcOptions(secret=...) expects bytes or a str; got {type(secret).__name__}")
+        if secret is not None and len(secret) < 16:
+            raise ValueError(f"RpcOptions(secret=...) needs at least 16 bytes; got {len(secret)}")
+        self.secret = bytes(secret) if secret is not None else None
         self.device_maps = _cpu_only(f"RpcOptions(device_maps={device_maps!r})", device_maps, dict)
         self.devices = _cpu_only(f"RpcOptions(devices={devices!r})", devices, list)
         for name, value in (("_transports", _transports), ("_channels", _channels)):

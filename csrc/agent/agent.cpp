@@ -48,13 +48,17 @@ Agent::Agent(AgentOptions options)
       started_(std::chrono::steady_clock::now()),
       pending_(options_.name) {
   TORCH_CHECK(options_.numWorkerThreads > 0, "num_worker_threads must be positive");
+  TORCH_CHECK(options_.worldSize > 0, "world_size must be positive");
+  // A peer may connect (and prove its rank) before this worker has the
+  // job's table (setPeers): the states of all ranks exist from the start.
+  for (int i = 0; i < options_.worldSize; ++i) peerStates_.push_back(std::make_unique<PeerState>());
   loop_ = std::make_unique<transport::Loop>(options_.name);
   // Idle pool threads that wait for the next request read it themselves.
   pool_ = std::make_unique<ThreadPool>(options_.numWorkerThreads, options_.name,
                                        [loop = loop_.get()] { loop->pollOnce(); });
   listener_ = std::make_unique<transport::Listener>(*loop_, options_.name, [this](int fd, const std::string& desc) {
-    auto conn = std::make_shared<transport::Connection>(*loop_, fd, desc, options_.name);
-    adopt(conn);
+    adopt(std::make_shared<transport::Connection>(*loop_, fd, desc, options_.name,
+                                                  handshake(auth::Handshake::Role::kAcceptor, -1)));
   });
 }
 
@@ -73,10 +77,6 @@ void Agent::setPeers(std::vector<PeerInfo> peers) {
   TORCH_CHECK(static_cast<int>(peers.size()) == options_.worldSize, "expected ",
               options_.worldSize, " peers, got ", peers.size());
   peers_ = std::move(peers);
-  peerStates_.clear();
-  for (size_t i = 0; i < peers_.size(); ++i) {
-    peerStates_.push_back(std::make_unique<PeerState>());
-  }
 }
 
 void Agent::setHandler(message::MessageType type, Handler handler, std::string what) {
@@ -138,12 +138,21 @@ size_t Agent::connectionCount() const {
   return connections_.size();
 }
 
+std::unique_ptr<auth::Handshake> Agent::handshake(auth::Handshake::Role role, int dst) const {
+  // Any rank of the job but this one's (a peer may connect before setPeers).
+  const int worldSize = options_.worldSize, self = options_.rank;
+  return std::make_unique<auth::Handshake>(role, options_.secret, self, dst, [worldSize, self](int32_t rank) {
+    return rank >= 0 && rank < worldSize && rank != self;
+  });
+}
+
 void Agent::adopt(const std::shared_ptr<transport::Connection>& conn) {
   {
     std::lock_guard<std::mutex> lock(connectionsMutex_);
     connections_[conn->id()] = conn;
   }
   conn->start(
+      [this](const std::shared_ptr<transport::Connection>& c, int rank) { onAuthenticatedFromLoop(c, rank); },
       [this](const std::shared_ptr<transport::Connection>& c, message::Message&& m) { onMessageFromLoop(c, std::move(m)); },
       [this](const std::shared_ptr<transport::Connection>& c, const std::string& reason) {
         onCloseFromLoop(c, reason);
@@ -167,13 +176,11 @@ common::Fallible<std::shared_ptr<transport::Connection>> Agent::connectionTo(int
   double connectTimeout = timeoutSeconds > 0 ? std::min(timeoutSeconds, 30.0) : 30.0;
   auto fd = transport::connectTo(address, connectTimeout);
   if (fd.error) return {nullptr, fd.error};
+  // Requests sent now wait in the connection until the handshake proved who
+  // answered; a failed handshake closes it and fails them, saying why.
   auto conn = std::make_shared<transport::Connection>(*loop_, fd.value, "connection to " + p.name + " (" + address + ")",
-                                           options_.name);
-  conn->setPeerRank(dst);
+                                                      options_.name, handshake(auth::Handshake::Role::kConnector, dst));
   adopt(conn);
-  message::Message hello = message::ivalueMessage(message::MessageType::kHello, 0,
-                                c10::ivalue::Tuple::create({static_cast<int64_t>(options_.rank), options_.name}));
-  if (common::Error err = conn->send(std::move(hello), deadlineAfter(connectTimeout))) return {nullptr, err};
   std::lock_guard<std::mutex> lock(state.mutex);
   state.conn = conn;
   return {conn, common::Error()};
@@ -207,7 +214,8 @@ Agent::FuturePtr Agent::send(int dst, message::Message&& request, double timeout
     // A call to oneself skips the transport: straight to the pool.
     pending_.add(id, std::move(call));
     pool_->run([this, request = std::move(request)]() mutable {
-      message::Reply reply(request.id, options_.name, [this](message::Message&& r) { onResponse(std::move(r), options_.rank); });
+      message::Reply reply(request.id, options_.name,
+                           [this](message::Message&& r) { onResponse(std::move(r), options_.rank, 0); });
       dispatch(std::move(request), options_.rank, std::move(reply));
     });
     return future;
@@ -244,11 +252,12 @@ bool Agent::sendsAtOnce(int dst, uint64_t bytes) const {
   return state.conn && state.conn->acceptsWithoutWaiting(bytes);
 }
 
-void Agent::onResponse(message::Message&& m, int src) {
-  auto call = pending_.take(m.id);
+void Agent::onResponse(message::Message&& m, int src, uint64_t connectionId) {
+  auto call = pending_.take(m.id, connectionId);
   if (!call) {
-    TORCHRPC_DEBUG(options_.name, "dropping a late response #" << m.id << " ("
-                                      << message::messageTypeName(m.type) << "): the call already failed");
+    TORCHRPC_DEBUG(options_.name, "dropping a response #" << m.id << " ("
+                                      << message::messageTypeName(m.type) << ") from rank " << src
+                                      << ": no call of that id is pending on that connection (it failed already)");
     return;
   }
   try {
@@ -356,25 +365,7 @@ void Agent::respondOn(const std::shared_ptr<transport::Connection>& conn, messag
   conn->close("the response to request #" + std::to_string(id) + " could not be sent: " + err.what());
 }
 
-void Agent::onHelloFromLoop(const std::shared_ptr<transport::Connection>& conn, message::Message&& m) {
-  int rank = -1;
-  std::string name;
-  try {
-    auto t = message::messageIValue(m).toTuple();
-    rank = static_cast<int>(t->elements().at(0).toInt());
-    name = t->elements().at(1).toStringRef();
-  } catch (const std::exception& e) {
-    conn->close(std::string("malformed HELLO: ") + e.what());
-    return;
-  }
-  if (rank < 0 || rank >= static_cast<int>(peers_.size()) || peers_[rank].name != name) {
-    TORCHRPC_WARN(options_.name, "rejecting " << conn->description() << ": it introduced itself as '"
-                                              << name << "' rank " << rank
-                                              << ", which is not a worker of this job");
-    conn->close("HELLO from an unknown worker");
-    return;
-  }
-  conn->setPeerRank(rank);
+void Agent::onAuthenticatedFromLoop(const std::shared_ptr<transport::Connection>& conn, int rank) {
   // Reuse the peer's connection for our own requests, unless we opened one too.
   PeerState& state = *peerStates_[rank];
   std::lock_guard<std::mutex> lock(state.mutex);
@@ -386,14 +377,8 @@ void Agent::onMessageFromLoop(const std::shared_ptr<transport::Connection>& conn
     held_.emplace_back(conn, std::move(m));
     return;
   }
-  if (m.type == message::MessageType::kHello) {
-    onHelloFromLoop(conn, std::move(m));
-    return;
-  }
-  if (conn->peerRank() < 0) {
-    TORCHRPC_WARN(options_.name, "closing " << conn->description() << ": its first frame was "
-                                            << message::messageTypeName(m.type) << ", not HELLO");
-    conn->close("protocol error: no HELLO");
+  if (conn->peerRank() < 0) {  // the connection reads no frame before the handshake
+    conn->close("protocol error: a frame before the handshake");
     return;
   }
   if (m.type == message::MessageType::kGoodbye) {
@@ -401,7 +386,7 @@ void Agent::onMessageFromLoop(const std::shared_ptr<transport::Connection>& conn
     return;
   }
   if (message::isResponse(m.type)) {
-    onResponse(std::move(m), conn->peerRank());
+    onResponse(std::move(m), conn->peerRank(), conn->id());
     return;
   }
   if (message::isRequest(m.type)) {

@@ -31,6 +31,7 @@
 #include "agent/interceptor.h"
 #include "agent/pending.h"
 #include "agent/thread_pool.h"
+#include "auth/handshake.h"
 #include "common/error.h"
 #include "message/message.h"
 #include "message/reply.h"
@@ -49,6 +50,7 @@ struct AgentOptions {
   double defaultTimeoutSeconds{60.0};   // calls that pass timeout -1 (TorchScript ops)
   std::string listenHost{"127.0.0.1"};  // TCP interface to listen on
   std::string hostId;                   // peers with the same id use Unix sockets
+  std::string secret;                   // the job's; every connection proves it (auth/handshake.h)
 };
 
 struct PeerInfo {
@@ -140,8 +142,9 @@ class Agent : public std::enable_shared_from_this<Agent> {
   void adopt(const std::shared_ptr<transport::Connection>& conn);
   void onMessageFromLoop(const std::shared_ptr<transport::Connection>& conn, message::Message&& m);
   void onCloseFromLoop(const std::shared_ptr<transport::Connection>& conn, const std::string& reason);
-  void onHelloFromLoop(const std::shared_ptr<transport::Connection>& conn, message::Message&& m);
-  void onResponse(message::Message&& m, int src);
+  void onAuthenticatedFromLoop(const std::shared_ptr<transport::Connection>& conn, int rank);
+  std::unique_ptr<auth::Handshake> handshake(auth::Handshake::Role role, int dst) const;
+  void onResponse(message::Message&& m, int src, uint64_t connectionId);
   // Applies the interceptor, then serve().
   void dispatch(message::Message&& request, int callerRank, message::Reply reply);
   void respondOn(const std::shared_ptr<transport::Connection>& conn, message::Message&& response);

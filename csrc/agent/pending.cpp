@@ -37,10 +37,11 @@ void Pending::setConnection(uint64_t id, uint64_t connectionId) {
   if (it != calls_.end()) it->second.connectionId = connectionId;
 }
 
-std::optional<Pending::Call> Pending::take(uint64_t id) {
+std::optional<Pending::Call> Pending::take(uint64_t id, std::optional<uint64_t> connectionId) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = calls_.find(id);
   if (it == calls_.end()) return std::nullopt;
+  if (connectionId && it->second.connectionId != *connectionId) return std::nullopt;
   Call call = std::move(it->second);
   calls_.erase(it);
   if (call.timeoutSeconds > 0) deadlines_.erase({call.deadline, id});

@@ -47,8 +47,10 @@ class Pending {
   uint64_t nextId() { return nextId_.fetch_add(1); }
   void add(uint64_t id, Call call);
   void setConnection(uint64_t id, uint64_t connectionId);
-  // Removes and returns the call, if it is still pending.
-  std::optional<Call> take(uint64_t id);
+  // Removes and returns the call, if it is still pending (and, when
+  // `connectionId` is given, went out on that connection: a response counts
+  // only from the connection its request went to; 0 is a call to oneself).
+  std::optional<Call> take(uint64_t id, std::optional<uint64_t> connectionId = std::nullopt);
 
   // Fails every call sent on this connection; `why` gets the call description.
   void failConnection(uint64_t connectionId, common::ErrorKind kind,

@@ -165,6 +165,21 @@ bool sendMayWait(const Agent& agent, int dst, const Message& m) {
   return bytes > kSmall || !agent.sendsAtOnce(dst, bytes);
 }
 
+torchrpc::agent::AgentOptions agentOptions(const std::string& name, int rank, int worldSize, size_t numThreads,
+                                           double rpcTimeout, const std::string& listenHost,
+                                           const std::string& hostId, const py::bytes& secret) {
+  torchrpc::agent::AgentOptions o;
+  o.name = name;
+  o.rank = rank;
+  o.worldSize = worldSize;
+  o.numWorkerThreads = numThreads;
+  o.defaultTimeoutSeconds = rpcTimeout;
+  o.listenHost = listenHost;
+  o.hostId = hostId;
+  o.secret = std::string(secret);
+  return o;
+}
+
 // Sends; a call refused before anything was sent raises (ValueError).
 Call send(Agent& agent, int dst, Message&& m, double timeout, const std::string& kind, const std::string& function) {
   std::optional<py::gil_scoped_release> nogil;
@@ -198,15 +213,8 @@ PYBIND11_MODULE(_C, m) {
   py::class_<torchrpc::worker::Worker, std::shared_ptr<torchrpc::worker::Worker>>(m, "Worker")
       .def(py::init([](const std::string& name, int rank, int worldSize, size_t numThreads, double rpcTimeout,
                        const std::string& listenHost, const std::string& hostId, const py::object& store,
-                       py::object beforeServing) {
-             torchrpc::agent::AgentOptions o;
-             o.name = name;
-             o.rank = rank;
-             o.worldSize = worldSize;
-             o.numWorkerThreads = numThreads;
-             o.defaultTimeoutSeconds = rpcTimeout;
-             o.listenHost = listenHost;
-             o.hostId = hostId;
+                       const py::bytes& secret, py::object beforeServing) {
+             auto o = agentOptions(name, rank, worldSize, numThreads, rpcTimeout, listenHost, hostId, secret);
              auto s = py::cast<c10::intrusive_ptr<c10d::Store>>(store);
              auto hook = pf::sharedPyObject(std::move(beforeServing));
              py::gil_scoped_release nogil;  // the rendezvous waits for the whole job
@@ -216,7 +224,7 @@ PYBIND11_MODULE(_C, m) {
              });
            }),
            py::arg("name"), py::arg("rank"), py::arg("world_size"), py::arg("num_worker_threads"),
-           py::arg("rpc_timeout"), py::arg("listen_host"), py::arg("host_id"), py::arg("store"),
+           py::arg("rpc_timeout"), py::arg("listen_host"), py::arg("host_id"), py::arg("store"), py::arg("secret"),
            py::arg("before_serving"))
       .def_property_readonly("agent", [](const torchrpc::worker::Worker& w) { return w.agentPtr(); })
       .def_property_readonly("rrefs", [](const torchrpc::worker::Worker& w) { return w.rrefs(); })
@@ -260,19 +268,12 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<Agent, std::shared_ptr<Agent>>(m, "Agent")
       .def(py::init([](const std::string& name, int rank, int worldSize, size_t numThreads, double rpcTimeout,
-                       const std::string& listenHost, const std::string& hostId) {
-             torchrpc::agent::AgentOptions o;
-             o.name = name;
-             o.rank = rank;
-             o.worldSize = worldSize;
-             o.numWorkerThreads = numThreads;
-             o.defaultTimeoutSeconds = rpcTimeout;
-             o.listenHost = listenHost;
-             o.hostId = hostId;
-             return std::make_shared<Agent>(o);
+                       const std::string& listenHost, const std::string& hostId, const py::bytes& secret) {
+             return std::make_shared<Agent>(
+                 agentOptions(name, rank, worldSize, numThreads, rpcTimeout, listenHost, hostId, secret));
            }),
            py::arg("name"), py::arg("rank"), py::arg("world_size"), py::arg("num_worker_threads"),
-           py::arg("rpc_timeout"), py::arg("listen_host"), py::arg("host_id"))
+           py::arg("rpc_timeout"), py::arg("listen_host"), py::arg("host_id"), py::arg("secret") = py::bytes())
       .def("listen", &Agent::listen)
       .def("set_peers",
            [](Agent& a, const std::vector<std::tuple<std::string, int, std::string, std::string, std::string>>& peers) {

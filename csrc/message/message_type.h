@@ -8,7 +8,7 @@ namespace torchrpc::message {
 // renumber or reuse one; leave the gaps for the concept that owns them.
 enum class MessageType : uint16_t {
   // Connection control (1-9).
-  kHello = 1,    // first frame of a connection: the connector's rank and name
+  kHello = 1,    // retired (the handshake, auth/handshake.h, names the peer now); never sent
   kGoodbye = 2,  // orderly close: the sender shuts down, nothing more will come
 
   // Same-host copy (5-7): see csrc/transport/same_host.h. Between the two

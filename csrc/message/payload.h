@@ -1,7 +1,7 @@
 #pragma once
 
 // The payload formats that C++ produces and reads: IValues (script and builtin
-// calls, their results, HELLO) are pickled with torch::jit::pickle, tensors
+// calls, their results) are pickled with torch::jit::pickle, tensors
 // going into the message's tensor list; EXCEPTION carries a fixed tuple. Python
 // calls use Python's own pickle and never pass through here.
 

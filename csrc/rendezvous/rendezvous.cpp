@@ -3,7 +3,10 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <cstdlib>
 #include <sstream>
+
+#include "auth/handshake.h"
 #include <unordered_map>
 
 namespace torchrpc::rendezvous {
@@ -62,6 +65,28 @@ std::vector<agent::PeerInfo> Rendezvous::exchange(const agent::PeerInfo& me) {
     }
   }
   return peers;
+}
+
+std::string Rendezvous::sharedSecret(std::string given) {
+  if (given.empty()) {
+    const char* env = std::getenv("TORCHRPC_SECRET");
+    if (env != nullptr) given = env;
+  }
+  if (!given.empty()) {
+    TORCH_CHECK(given.size() >= kMinSecretBytes, "the job's secret (RpcOptions(secret=...) or TORCHRPC_SECRET) needs at least ",
+                kMinSecretBytes, " bytes; got ", given.size());
+    return given;
+  }
+  // Rank 0 makes the job's secret; the others wait for it (up to the store's timeout).
+  if (rank_ == 0) {
+    std::string secret = auth::randomBytes(kSecretBytes);
+    store_->set("secret", bytesOf(secret));
+    return secret;
+  }
+  auto value = store_->get("secret");
+  TORCH_CHECK(value.size() == kSecretBytes, "malformed job secret in the rendezvous store (", value.size(),
+              " bytes): is another program (or another torchrpc version) using this store?");
+  return std::string(value.begin(), value.end());
 }
 
 void Rendezvous::barrier(const std::string& tag, double timeoutSeconds) {

@@ -6,7 +6,8 @@
 // programs that link libtorchrpc, so both kinds can be in one job.
 //
 // Keys, under "torchrpc/<generation>/": "worker/<rank>" holds a worker's
-// record (name, rank, TCP address, Unix address, host id; one per line).
+// record (name, rank, TCP address, Unix address, host id; one per line);
+// "secret" the job's secret, when the user gave none.
 // The generation, from a counter all workers of a job bump once, keeps a
 // reused store (the same file://, an explicit store passed twice) apart
 // across init/shutdown cycles. Barriers ("shutdown") live there too.
@@ -24,6 +25,13 @@ class Rendezvous {
  public:
   Rendezvous(c10::intrusive_ptr<c10d::Store> store, int rank, int worldSize);
 
+  static constexpr size_t kSecretBytes = 32;
+  static constexpr size_t kMinSecretBytes = 16;
+
+  // The job's secret for the connection handshake (auth/handshake.h): `given`
+  // (the user's), else TORCHRPC_SECRET, else one that rank 0 makes and hands
+  // out through the store (whoever can read the store can read that one).
+  std::string sharedSecret(std::string given);
   // Publishes `me`; returns every worker's record, by rank, once all are in.
   // Waits up to the store's timeout. Throws c10::ValueError if two workers
   // have the same name.

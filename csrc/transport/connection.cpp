@@ -2,6 +2,7 @@
 
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -32,12 +33,14 @@ bool lendFrame(message::MessageType t) {
 }
 }  // namespace
 
-Connection::Connection(Loop& loop, int fd, std::string description, std::string workerName)
+Connection::Connection(Loop& loop, int fd, std::string description, std::string workerName,
+                       std::unique_ptr<auth::Handshake> handshake)
     : loop_(loop),
       fd_(fd),
       description_(std::move(description)),
       workerName_(std::move(workerName)),
       id_(nextConnectionId.fetch_add(1)),
+      handshake_(std::move(handshake)),
       readBuffer_(new char[kReadBufferBytes]) {}
 
 Connection::~Connection() {
@@ -45,14 +48,38 @@ Connection::~Connection() {
   // or the loop already stopped) releases it here. epoll forgets closed fds.
   if (!closeFired_) {
     ::close(fd_);
+    if (timerFd_ >= 0) ::close(timerFd_);
   }
 }
 
-void Connection::start(OnMessage onMessage, OnClose onClose) {
+void Connection::start(OnAuthenticated onAuthenticated, OnMessage onMessage, OnClose onClose) {
+  onAuthenticated_ = std::move(onAuthenticated);
   onMessage_ = std::move(onMessage);
   onClose_ = std::move(onClose);
   std::weak_ptr<Connection> weak = shared_from_this();
-  offered_ = same_host::enabled() && unixSocket(fd_);  // before the loop can read an answer
+  const bool local = unixSocket(fd_);
+  offered_ = same_host::enabled() && local;
+  std::string refused;
+  if (local) {
+    // The kernel's word on who is at the other end: another user's process
+    // is refused before it sends a byte; the pid is the one lending trusts.
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (::getsockopt(fd_, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      refused = common::errnoMessage("SO_PEERCRED", errno);
+    } else if (cred.uid != ::geteuid()) {
+      refused = "refused a process of user " + std::to_string(cred.uid) + " (only user " +
+                std::to_string(::geteuid()) + "'s processes may connect)";
+    } else {
+      credPid_ = cred.pid;
+    }
+  }
+  timerFd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (timerFd_ >= 0) {
+    itimerspec deadline{};
+    deadline.it_value.tv_sec = static_cast<time_t>(kHandshakeSeconds);
+    ::timerfd_settime(timerFd_, 0, &deadline, nullptr);
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     token_ = loop_.add(fd_, EPOLLIN | EPOLLRDHUP, [weak](uint32_t events) {
@@ -60,9 +87,85 @@ void Connection::start(OnMessage onMessage, OnClose onClose) {
         self->handleEventsFromLoop(events);
       }
     });
-    updateInterestLocked();
+    if (timerFd_ >= 0) {
+      timerToken_ = loop_.add(timerFd_, EPOLLIN, [weak](uint32_t) {
+        auto self = weak.lock();
+        if (self && !self->closeFired_) {
+          self->closeFromLoop("the handshake did not finish within " +
+                              std::to_string(static_cast<int>(kHandshakeSeconds)) + " s");
+        }
+      });
+    }
   }
+  if (!refused.empty()) {
+    close(refused);
+    return;
+  }
+  if (common::Error err = writeRaw(handshake_->start())) close(err.what());
+}
+
+common::Error Connection::writeRaw(const std::string& bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t w = ::send(fd_, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return common::Error(common::Error::Code::kIo, common::errnoMessage("send (handshake)", errno));
+    done += static_cast<size_t>(w);
+  }
+  return common::Error();
+}
+
+void Connection::stopTimerFromLoop() {
+  if (timerFd_ < 0) return;
+  loop_.remove(timerFd_, timerToken_);
+  ::close(timerFd_);
+  timerFd_ = -1;
+}
+
+bool Connection::handshakeFromLoop() {
+  char buf[auth::Handshake::kProofBytes];
+  while (handshake_->state() == auth::Handshake::State::kWaiting) {
+    ssize_t r = ::read(fd_, buf, handshake_->wanted());
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+      closeFromLoop(common::errnoMessage("read (handshake)", errno));
+      return false;
+    }
+    if (r == 0) {
+      closeFromLoop("connection closed by the peer during the handshake");
+      return false;
+    }
+    size_t used = 0;
+    std::string reply = handshake_->consume(buf, static_cast<size_t>(r), &used);
+    if (!reply.empty()) {
+      if (common::Error err = writeRaw(reply)) {
+        closeFromLoop(err.what());
+        return false;
+      }
+    }
+  }
+  if (handshake_->state() == auth::Handshake::State::kFailed) {
+    TORCHRPC_WARN(workerName_, "closing " << description_ << ": handshake failed: " << handshake_->error());
+    closeFromLoop("handshake failed: " + handshake_->error());
+    return false;
+  }
+  stopTimerFromLoop();
+  peerRank_.store(handshake_->peerRank());
+  common::Error err;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    authenticated_ = true;
+    err = flushLocked();  // the frames sent while the handshake ran
+    if (!err) updateInterestLocked();
+  }
+  if (err) {
+    closeFromLoop(err.what());
+    return false;
+  }
+  onAuthenticated_(shared_from_this(), handshake_->peerRank());
   if (offered_) sendControl(message::MessageType::kLendOffer, same_host::offer());
+  return true;
 }
 
 void Connection::sendControl(message::MessageType type, std::string payload) {
@@ -77,6 +180,11 @@ common::Error Connection::onLendFrame(const message::Message& m) {
   if (m.type == message::MessageType::kLendOffer) {
     if (!offered_) return common::Error();
     auto pid = same_host::verify(m.payload);
+    if (!pid.error && pid.value != credPid_) {
+      pid.error = common::Error(common::Error::Code::kInvalid, "the offer names pid " + std::to_string(pid.value) +
+                                                                   ", but the kernel says the peer is pid " +
+                                                                   std::to_string(credPid_));
+    }
     if (pid.error) {
       TORCHRPC_DEBUG(workerName_, "tensors from " << description_ << " travel through the socket: "
                                                   << pid.error.what());
@@ -129,7 +237,7 @@ bool Connection::acceptsWithoutWaiting(uint64_t bytes) const {
 }
 
 void Connection::updateInterestLocked() {
-  bool want = !queue_.empty();
+  bool want = authenticated_ && !queue_.empty();
   if (want != wantWrite_ && token_ != 0 && !closed_) {
     wantWrite_ = want;
     loop_.modify(fd_, token_, EPOLLIN | EPOLLRDHUP | (want ? EPOLLOUT : 0u));
@@ -177,7 +285,7 @@ common::Error Connection::send(message::Message&& message, std::chrono::steady_c
       lent_.push_back(std::move(p.frame.lent));
     }
     queue_.push_back(std::move(p));
-    if (queue_.size() == 1) writeError = flushLocked();
+    if (queue_.size() == 1 && authenticated_) writeError = flushLocked();
     if (!writeError) {
       updateInterestLocked();
       if (!loop_.inLoop()) {
@@ -227,6 +335,7 @@ void Connection::closeFromLoop(const std::string& reason) {
   if (token_ != 0) {
     loop_.remove(fd_, token_);
   }
+  stopTimerFromLoop();
   ::close(fd_);
   if (onClose_) {
     onClose_(shared_from_this(), reason);
@@ -235,7 +344,7 @@ void Connection::closeFromLoop(const std::string& reason) {
 
 void Connection::handleEventsFromLoop(uint32_t events) {
   if (closeFired_) return;
-  if (events & EPOLLOUT) {
+  if ((events & EPOLLOUT) && authenticated_) {
     common::Error err;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -254,6 +363,7 @@ void Connection::handleEventsFromLoop(uint32_t events) {
 }
 
 void Connection::readFromLoop() {
+  if (!authenticated_ && !handshakeFromLoop()) return;
   size_t total = 0;
   std::string closeReason;
   while (total < kMaxReadPerEvent) {

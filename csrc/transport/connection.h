@@ -15,6 +15,11 @@
 // Same host: on a Unix socket the two ends lend each other large tensors
 // instead of writing them (transport/same_host.h); the frames that do this
 // (LEND_*) stay inside the connection.
+//
+// Authentication: every connection starts with the handshake of
+// auth/handshake.h, within kHandshakeSeconds. Until it succeeds no frame is
+// read or written (frames sent meanwhile wait in the queue), and a Unix
+// socket whose peer runs as another user is closed at once (SO_PEERCRED).
 
 #include <sys/types.h>
 
@@ -27,6 +32,7 @@
 #include <mutex>
 #include <string>
 
+#include "auth/handshake.h"
 #include "common/error.h"
 #include "message/wire.h"
 #include "transport/loop.h"
@@ -37,14 +43,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
  public:
   static constexpr uint64_t kMaxQueuedBytes = 64ull << 20;
 
+  static constexpr double kHandshakeSeconds = 10.0;
+
+  using OnAuthenticated = std::function<void(const std::shared_ptr<Connection>&, int peerRank)>;
   using OnMessage = std::function<void(const std::shared_ptr<Connection>&, message::Message&&)>;
   using OnClose = std::function<void(const std::shared_ptr<Connection>&, const std::string& reason)>;
 
-  Connection(Loop& loop, int fd, std::string description, std::string workerName);
+  Connection(Loop& loop, int fd, std::string description, std::string workerName,
+             std::unique_ptr<auth::Handshake> handshake);
   ~Connection();
 
-  // Registers with the loop; callbacks may fire from then on.
-  void start(OnMessage onMessage, OnClose onClose);
+  // Registers with the loop and starts the handshake; callbacks may fire
+  // from then on. onAuthenticated runs once, before any onMessage.
+  void start(OnAuthenticated onAuthenticated, OnMessage onMessage, OnClose onClose);
 
   // Queues a message (encoding it here, on the caller's thread). Returns the
   // error if it cannot be encoded (kInvalid), the connection is closed, or
@@ -60,7 +71,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Open, and a send of `bytes` now would not wait for the peer to read.
   bool acceptsWithoutWaiting(uint64_t bytes) const;
 
-  // The peer rank this connection belongs to, once known (-1 before HELLO).
+  // The peer rank this connection belongs to, once known (-1 before the
+  // handshake proved it).
   int peerRank() const { return peerRank_.load(); }
   void setPeerRank(int rank) { peerRank_.store(rank); }
 
@@ -72,6 +84,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   };
 
   void handleEventsFromLoop(uint32_t events);
+  // Reads and answers handshake bytes; true once authenticated.
+  bool handshakeFromLoop();
+  // Writes handshake bytes (tiny; the socket's buffer is empty then).
+  common::Error writeRaw(const std::string& bytes);
+  void stopTimerFromLoop();
   void readFromLoop();
   void closeFromLoop(const std::string& reason);
   // Writes as much of the queue as the socket takes. mutex_ held. Returns the
@@ -94,8 +111,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<int> peerRank_{-1};
   uint64_t token_{0};
 
+  OnAuthenticated onAuthenticated_;
   OnMessage onMessage_;
   OnClose onClose_;
+
+  std::unique_ptr<auth::Handshake> handshake_;  // loop thread only
+  std::atomic<bool> authenticated_{false};      // set on the loop, under mutex_
+  int timerFd_{-1};                             // the handshake's deadline
+  uint64_t timerToken_{0};
+  int credPid_{-1};                             // Unix sockets: the peer's pid, from the kernel
 
   mutable std::mutex mutex_;
   std::condition_variable drained_;
@@ -111,7 +135,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<uint64_t> lendFrom_{0};      // > 0 once the peer accepted our offer
   std::deque<std::vector<at::Tensor>> lent_;  // per lent frame, oldest first; mutex_
   uint64_t lentBytes_{0};                  // mutex_
-  int peerPid_{-1};                        // loop thread only: the peer's verified pid
+  int peerPid_{-1};                        // loop thread only: the peer's verified pid (== credPid_)
 
   message::FrameReader reader_;  // loop thread only
   std::unique_ptr<char[]> readBuffer_;

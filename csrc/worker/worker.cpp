@@ -27,9 +27,10 @@ Worker::Worker(agent::AgentOptions options, c10::intrusive_ptr<c10d::Store> stor
   if (options.hostId.empty()) options.hostId = localHostId();
   const int rank = options.rank;
   const int worldSize = options.worldSize;
+  rendezvous_ = std::make_unique<rendezvous::Rendezvous>(std::move(store), rank, worldSize);
+  options.secret = rendezvous_->sharedSecret(options.secret);
   agent_ = std::make_shared<agent::Agent>(options);
   try {
-    rendezvous_ = std::make_unique<rendezvous::Rendezvous>(std::move(store), rank, worldSize);
     auto [tcp, unixAddr] = agent_->listen();
     peers_ = rendezvous_->exchange(agent::PeerInfo{options.name, rank, tcp, unixAddr, options.hostId});
     agent_->setPeers(peers_);

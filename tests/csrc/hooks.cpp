@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "agent/core_spread.h"
+#include "auth/handshake.h"
 #include "auth/hmac.h"
 #include "autograd/autograd_messages.h"
 #include "message/wire.h"
@@ -116,6 +117,32 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("hmac_sha256", [digestBytes](py::bytes key, py::bytes message) {
     return digestBytes(torchrpc::auth::hmacSha256(std::string(key), std::string(message)));
   });
+
+  // One end of the connection handshake (auth/handshake.h), driven by hand.
+  using HS = torchrpc::auth::Handshake;
+  py::class_<HS>(m, "Handshake")
+      .def(py::init([](bool connector, py::bytes secret, int32_t rank, int32_t expectedPeer, int32_t worldSize) {
+        return std::make_unique<HS>(connector ? HS::Role::kConnector : HS::Role::kAcceptor, std::string(secret), rank,
+                                    expectedPeer, [worldSize, rank](int32_t r) { return r >= 0 && r < worldSize && r != rank; });
+      }))
+      .def("start", [](HS& h) { return py::bytes(h.start()); })
+      // (reply, bytes used)
+      .def("consume",
+           [](HS& h, py::bytes data) {
+             std::string bytes(data);
+             size_t used = 0;
+             std::string reply = h.consume(bytes.data(), bytes.size(), &used);
+             return py::make_tuple(py::bytes(reply), used);
+           })
+      .def("state", [](const HS& h) {
+        switch (h.state()) {
+          case HS::State::kWaiting: return "waiting";
+          case HS::State::kDone: return "done";
+          default: return "failed";
+        }
+      })
+      .def("error", &HS::error)
+      .def("peer_rank", &HS::peerRank);
 
   // RRef protocol messages as if they had arrived, in any order.
   using Ctx = std::shared_ptr<torchrpc::rref::RRefContext>;

@@ -69,10 +69,12 @@ class Cluster:
         worker_env: {rank: {variable: value}}, extra environment of some workers.
         upstream_spelling: this process joins as a program written for
             torch.distributed.rpc does (its BackendType and options class).
+        secret: the job's secret (bytes), for tests that speak the wire
+            themselves; None lets rank 0 make one.
     """
 
     def __init__(self, world_size, *, init="tcp", threads=4, rpc_timeout=30.0, programs=None, worker_env=None,
-                 upstream_spelling=False):
+                 upstream_spelling=False, secret=None):
         self.world_size = world_size
         self.names = [f"worker{r}" for r in range(world_size)]
         self.threads = threads
@@ -86,6 +88,7 @@ class Cluster:
         self.programs = programs or {}
         self.worker_env = worker_env or {}  # rank -> extra environment of that worker
         self.upstream_spelling = upstream_spelling
+        self.secret = secret
         port = free_port()
         self.port = port
         # how this process joins (init_rpc keyword arguments), and how workers do
@@ -117,6 +120,10 @@ class Cluster:
     def __enter__(self):
         _live.add(self)
         options = dict(num_worker_threads=self.threads, rpc_timeout=self.rpc_timeout, init_timeout=60)
+        secret_env = {}
+        if self.secret is not None:
+            options["secret"] = self.secret
+            secret_env = {"TORCHRPC_SECRET": self.secret.decode()}
         if self.init == "store":
             import torch.distributed as dist
 
@@ -132,7 +139,7 @@ class Cluster:
                 cmd = worker_command(rank, self.world_size, self.init_method or "env://",
                                      threads=self.threads, extra=self.worker_args)
             self.procs[rank] = spawn(cmd, self.log_path(rank),
-                                     env=dict(self.env, RANK=str(rank), **self.worker_env.get(rank, {})))
+                                     env=dict(self.env, RANK=str(rank), **secret_env, **self.worker_env.get(rank, {})))
         try:
             with _environment(self.env):
                 if self.upstream_spelling:

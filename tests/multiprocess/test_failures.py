@@ -1,7 +1,7 @@
 """Failures a user must be able to act on: a worker that dies, and a peer
-that sends garbage. The job has spare workers that tests kill on purpose."""
+that sends garbage after the handshake (a member of the job: raw_peer). The
+job has spare workers that tests kill on purpose."""
 
-import socket
 import struct
 import time
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import torchrpc as rpc
-from tests.multiprocess import funcs
+from tests.multiprocess import funcs, raw_peer
 from tests.multiprocess.cluster import Cluster
 
 MAGIC = 0x43505254
@@ -18,9 +18,12 @@ LEND_RELEASE = 7  # transport/same_host.h: the connection's own frame
 WIRE_VERSION = 2  # message/wire.h kWireVersion
 
 
+SECRET = b"test-failures-job-secret"
+
+
 @pytest.fixture(scope="module")
 def job():
-    with Cluster(4) as c:
+    with Cluster(4, secret=SECRET) as c:
         yield c
 
 
@@ -75,7 +78,7 @@ def _header(type_, payload_len, num_tensors=0, desc_len=0, magic=MAGIC, version=
 ], ids=["not-torchrpc", "huge-payload", "too-many-tensors", "unknown-type", "bad-lend-release"])
 def test_malformed_frame_closes_only_that_connection(job, garbage, reason):
     before = job.log(1).count("malformed frame")
-    with socket.create_connection(_worker1_tcp_address(), timeout=10) as s:
+    with raw_peer.connect(_worker1_tcp_address(), SECRET, rank=0) as s:
         s.sendall(garbage)
         s.settimeout(10)
         assert s.recv(1) == b"", "worker1 kept a connection that sent a malformed frame open"
@@ -90,7 +93,7 @@ def test_malformed_frame_closes_only_that_connection(job, garbage, reason):
 
 
 def test_truncated_frame_closes_only_that_connection(job):
-    with socket.create_connection(_worker1_tcp_address(), timeout=10) as s:
+    with raw_peer.connect(_worker1_tcp_address(), SECRET, rank=0) as s:
         s.sendall(_header(HELLO, 100) + b"x" * 10)  # then the peer goes away mid-frame
     deadline = time.monotonic() + 5
     while "truncated frame" not in job.log(1) and time.monotonic() < deadline:

@@ -1,0 +1,40 @@
+"""A peer that speaks the wire by hand, for tests of hostile input from a
+member of the job: the connector's side of the handshake
+(csrc/auth/handshake.h), written again here from its description, then
+whatever bytes the test sends."""
+
+import hashlib
+import hmac
+import os
+import socket
+import struct
+
+MAGIC = 0x48505254  # "TRPH"
+VERSION = 1
+
+
+def _recv_exactly(s, n):
+    data = b""
+    while len(data) < n:
+        chunk = s.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(data)} of {n} handshake bytes")
+        data += chunk
+    return data
+
+
+def connect(address, secret, rank, timeout=10):
+    """A socket to `address` ("host", port) authenticated as `rank` with
+    `secret`; raises if the worker's proof is wrong."""
+    s = socket.create_connection(address, timeout=timeout)
+    nonce = os.urandom(32)
+    s.sendall(struct.pack("<IHH", MAGIC, VERSION, 0) + nonce + struct.pack("<i", rank))
+    proof = _recv_exactly(s, 76)
+    magic, version, _ = struct.unpack("<IHH", proof[:8])
+    assert (magic, version) == (MAGIC, VERSION)
+    their_nonce, their_rank, their_mac = proof[8:40], struct.unpack("<i", proof[40:44])[0], proof[44:]
+    ranks = struct.pack("<ii", rank, their_rank)
+    expected = hmac.new(secret, b"acceptor" + nonce + their_nonce + ranks, hashlib.sha256).digest()
+    assert hmac.compare_digest(their_mac, expected), "the worker's proof does not match the secret"
+    s.sendall(hmac.new(secret, b"connector" + nonce + their_nonce + ranks, hashlib.sha256).digest())
+    return s
