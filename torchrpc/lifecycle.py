@@ -51,19 +51,25 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
                 "call torchrpc.shutdown() before init_rpc() again."
             )
         store, rank, world_size = rendezvous.open_store(options, rank, world_size)
-        worker = native().Worker(name, rank, world_size, options.num_worker_threads, options.rpc_timeout,
-                                 rendezvous.listen_host(options.init_method), rendezvous.host_id(), store,
-                                 options.secret or b"", _install_python)
-        state.install(state.Session(worker, rank, options))
 
+        def before_serving(agent, rref_ctx):
+            # The Worker's hook: the Python handlers and the session, in place
+            # before the first call is served (a call may come at once).
+            agent.set_python_handler(python_fallback.handle_call, python_fallback.handle_remote)
+            agent.set_script_resolver(python_fallback.resolve_script)
+            rref_ctx.install_python(python_fallback.encode_value, python_fallback.handle_method)
+            for fn, explicit in state.script_names():
+                agent.register_script(explicit, fn)
+            state.install(state.Session(agent, rref_ctx, rank, options))
 
-def _install_python(agent, rref_ctx):
-    """The Worker's hook: the Python handlers, installed before it serves."""
-    agent.set_python_handler(python_fallback.handle_call, python_fallback.handle_remote)
-    agent.set_script_resolver(python_fallback.resolve_script)
-    rref_ctx.install_python(python_fallback.encode_value, python_fallback.handle_method)
-    for fn, explicit in state.script_names():
-        agent.register_script(explicit, fn)
+        try:
+            worker = native().Worker(name, rank, world_size, options.num_worker_threads, options.rpc_timeout,
+                                     rendezvous.listen_host(options.init_method), rendezvous.host_id(), store,
+                                     options.secret or b"", before_serving)
+        except BaseException:
+            state.clear()  # the Worker stopped what it had started
+            raise
+        state.current().worker = worker
 
 
 def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):

@@ -54,12 +54,12 @@ class Session:
     """What init_rpc set up in this process; read-only once installed, except
     ``closing``, which shutdown() sets under :data:`lock`."""
 
-    def __init__(self, worker, rank, options):
-        self.worker = worker  # the lifecycle (csrc/worker)
-        self.agent = worker.agent
-        self.rref_ctx = worker.rrefs  # the RRef protocol (csrc/rref)
+    def __init__(self, agent, rref_ctx, rank, options):
+        self.worker = None  # the lifecycle (csrc/worker); set once it has started
+        self.agent = agent
+        self.rref_ctx = rref_ctx  # the RRef protocol (csrc/rref)
         self.callbacks = native().CallbackRunner()  # runs rpc_async completions
-        peers = worker.peers()  # (name, rank, tcp address, unix address, host id) by rank
+        peers = agent.peers()  # (name, rank, tcp address, unix address, host id) by rank
         self.addresses = (peers[rank][2], peers[rank][3])  # (tcp, unix) this worker listens on
         self.closing = False  # shutdown() has begun
         self.workers = [WorkerInfo(p[0], p[1]) for p in peers]

@@ -207,9 +207,8 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("local_host_id", &torchrpc::worker::localHostId);
 
-  // The lifecycle (worker/worker.h). Peers are (name, rank, tcp address, unix
-  // address, host id) tuples. before_serving(agent, rref_context) installs
-  // the Python handlers.
+  // The lifecycle (worker/worker.h). before_serving(agent, rref_context)
+  // installs the Python handlers and session before the first call is served.
   py::class_<torchrpc::worker::Worker, std::shared_ptr<torchrpc::worker::Worker>>(m, "Worker")
       .def(py::init([](const std::string& name, int rank, int worldSize, size_t numThreads, double rpcTimeout,
                        const std::string& listenHost, const std::string& hostId, const py::object& store,
@@ -228,12 +227,6 @@ PYBIND11_MODULE(_C, m) {
            py::arg("before_serving"))
       .def_property_readonly("agent", [](const torchrpc::worker::Worker& w) { return w.agentPtr(); })
       .def_property_readonly("rrefs", [](const torchrpc::worker::Worker& w) { return w.rrefs(); })
-      .def("peers",
-           [](const torchrpc::worker::Worker& w) {
-             py::list out;
-             for (const auto& p : w.peers()) out.append(py::make_tuple(p.name, p.rank, p.tcpAddress, p.unixAddress, p.hostId));
-             return out;
-           })
       // (None or the error tuple of why the graceful part failed, leaked owner RRefs)
       .def("stop", [](torchrpc::worker::Worker& w, bool graceful, double timeout) {
         torchrpc::worker::Worker::StopReport report;
@@ -275,6 +268,16 @@ PYBIND11_MODULE(_C, m) {
            py::arg("name"), py::arg("rank"), py::arg("world_size"), py::arg("num_worker_threads"),
            py::arg("rpc_timeout"), py::arg("listen_host"), py::arg("host_id"), py::arg("secret") = py::bytes())
       .def("listen", &Agent::listen)
+      // (name, rank, tcp address, unix address, host id) by rank, once set.
+      .def("peers",
+           [](const Agent& a) {
+             py::list out;
+             for (int r = 0; r < a.options().worldSize; ++r) {
+               const auto& p = a.peer(r);
+               out.append(py::make_tuple(p.name, p.rank, p.tcpAddress, p.unixAddress, p.hostId));
+             }
+             return out;
+           })
       .def("set_peers",
            [](Agent& a, const std::vector<std::tuple<std::string, int, std::string, std::string, std::string>>& peers) {
              std::vector<torchrpc::agent::PeerInfo> out;
