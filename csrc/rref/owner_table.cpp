@@ -100,19 +100,16 @@ std::vector<OwnerTable::EntryInfo> OwnerTable::entries() const {
   std::vector<EntryInfo> out;
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& [id, entry] : entries_) {
-    std::vector<std::string> forks;
-    for (const auto& f : entry.forks) forks.push_back(f.str());
     const auto& v = entry.rref->value();
-    out.emplace_back(id.str(), std::move(forks), v->completed() && !v->hasError(), v->completed() && v->hasError());
+    out.emplace_back(id.str(), idStrings(entry.forks), v->completed() && !v->hasError(),
+                     v->completed() && v->hasError());
   }
   return out;
 }
 
 std::vector<std::string> OwnerTable::objects() const {
-  std::vector<std::string> out;
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& kv : objects_) out.push_back(kv.first.str());
-  return out;
+  return idStrings(objects_);
 }
 
 }  // namespace torchrpc::rref

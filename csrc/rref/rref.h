@@ -24,6 +24,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include "message/payload.h"
 
@@ -50,6 +51,21 @@ struct GlobalIdHash {
 
 using RRefId = GlobalId;
 using ForkId = GlobalId;
+
+// The ids of a table keyed by ids (a map or a set), as text, for snapshots.
+template <typename Table>
+std::vector<std::string> idStrings(const Table& table) {
+  std::vector<std::string> out;
+  out.reserve(table.size());
+  for (const auto& item : table) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(item)>, GlobalId>) {
+      out.push_back(item.str());
+    } else {
+      out.push_back(item.first.str());
+    }
+  }
+  return out;
+}
 
 // What travels when an RRef is sent in a message: enough for the receiver to
 // build its RRef and tell the owner and the parent (the sender) about it.

@@ -2,6 +2,21 @@
 
 namespace torchrpc::rref {
 
+namespace {
+
+// Removes table[forkId] and returns what it held (null if nothing); the
+// caller drops it after the lock. mutex_ held.
+template <typename Table>
+typename Table::mapped_type takeLocked(Table& table, const ForkId& forkId) {
+  auto it = table.find(forkId);
+  if (it == table.end()) return nullptr;
+  auto held = std::move(it->second);
+  table.erase(it);
+  return held;
+}
+
+}  // namespace
+
 void UserTable::add(const std::shared_ptr<UserRRef>& user, bool pending) {
   std::lock_guard<std::mutex> lock(mutex_);
   users_[user->forkId()] = user;
@@ -9,24 +24,14 @@ void UserTable::add(const std::shared_ptr<UserRRef>& user, bool pending) {
 }
 
 void UserTable::remove(const ForkId& forkId) {
-  std::shared_ptr<UserRRef> drop;
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = pending_.find(forkId);
-  if (it != pending_.end()) {
-    drop = std::move(it->second);
-    pending_.erase(it);
-  }
+  takeLocked(pending_, forkId).reset();  // not the last reference: the caller holds the user
   users_.erase(forkId);
-  // `drop` is not the last reference: the caller holds the user.
 }
 
 std::shared_ptr<UserRRef> UserTable::takePending(const ForkId& forkId) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = pending_.find(forkId);
-  if (it == pending_.end()) return nullptr;
-  auto user = std::move(it->second);
-  pending_.erase(it);
-  return user;
+  return takeLocked(pending_, forkId);
 }
 
 bool UserTable::forget(const ForkId& forkId) {
@@ -43,11 +48,7 @@ void UserTable::holdChild(const ForkId& forkId, std::shared_ptr<RRef> rref) {
 
 std::shared_ptr<RRef> UserTable::releaseChild(const ForkId& forkId) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = children_.find(forkId);
-  if (it == children_.end()) return nullptr;
-  auto rref = std::move(it->second);
-  children_.erase(it);
-  return rref;
+  return takeLocked(children_, forkId);
 }
 
 std::vector<std::shared_ptr<UserRRef>> UserTable::live() const {
@@ -80,17 +81,13 @@ std::vector<UserTable::UserInfo> UserTable::users() const {
 }
 
 std::vector<std::string> UserTable::pendingUsers() const {
-  std::vector<std::string> out;
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& kv : pending_) out.push_back(kv.first.str());
-  return out;
+  return idStrings(pending_);
 }
 
 std::vector<std::string> UserTable::children() const {
-  std::vector<std::string> out;
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& kv : children_) out.push_back(kv.first.str());
-  return out;
+  return idStrings(children_);
 }
 
 }  // namespace torchrpc::rref

@@ -74,7 +74,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // The peer rank this connection belongs to, once known (-1 before the
   // handshake proved it).
   int peerRank() const { return peerRank_.load(); }
-  void setPeerRank(int rank) { peerRank_.store(rank); }
 
  private:
   struct Pending {

@@ -13,6 +13,11 @@ MAGIC = 0x48505254  # "TRPH"
 VERSION = 1
 
 
+def hello(rank, nonce):
+    """The connector's first message: magic, version, nonce, rank."""
+    return struct.pack("<IHH", MAGIC, VERSION, 0) + nonce + struct.pack("<i", rank)
+
+
 def _recv_exactly(s, n):
     data = b""
     while len(data) < n:
@@ -28,7 +33,7 @@ def connect(address, secret, rank, timeout=10):
     `secret`; raises if the worker's proof is wrong."""
     s = socket.create_connection(address, timeout=timeout)
     nonce = os.urandom(32)
-    s.sendall(struct.pack("<IHH", MAGIC, VERSION, 0) + nonce + struct.pack("<i", rank))
+    s.sendall(hello(rank, nonce))
     proof = _recv_exactly(s, 76)
     magic, version, _ = struct.unpack("<IHH", proof[:8])
     assert (magic, version) == (MAGIC, VERSION)

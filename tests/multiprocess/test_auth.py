@@ -7,7 +7,6 @@ before parsing a frame, runs nothing, and keeps serving its real peers."""
 import os
 import pickle
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ import torch
 
 import torchrpc as rpc
 from tests.csrc import hooks
-from tests.multiprocess import funcs
+from tests.multiprocess import funcs, raw_peer
 from tests.multiprocess.cluster import Cluster
 
 
@@ -92,7 +91,7 @@ def test_a_forged_handshake_is_refused_and_runs_nothing(tmp_path):
     tcp, _ = _addresses()
     s = _connect(tcp)
     # A well-formed HELLO claiming rank 0, then a made-up proof and a frame.
-    s.sendall(struct.pack("<IHH", 0x48505254, 1, 0) + os.urandom(32) + struct.pack("<i", 0))
+    s.sendall(raw_peer.hello(0, os.urandom(32)))
     proof = b""
     while len(proof) < 76:
         chunk = s.recv(76 - len(proof))
@@ -108,7 +107,7 @@ def test_a_forged_handshake_is_refused_and_runs_nothing(tmp_path):
 def test_a_claim_of_a_rank_that_is_no_worker_is_refused():
     tcp, _ = _addresses()
     s = _connect(tcp)
-    s.sendall(struct.pack("<IHH", 0x48505254, 1, 0) + os.urandom(32) + struct.pack("<i", 7))
+    s.sendall(raw_peer.hello(7, os.urandom(32)))
     assert _closed_by_peer(s) == b""
 
 
