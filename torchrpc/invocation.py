@@ -38,24 +38,31 @@ class Invocation:
         return fut
 
     def _complete(self, fut):
-        # The callback thread runs `done` unless a waiting thread claimed the
-        # call first (Call.claim_and_wait); a `done` that will not run may sit
-        # in its queue a while, so settle() empties `pending` and it holds
-        # nothing (no arguments, no future).
-        pending = self._pending = [self, fut]
+        # `pending` holds the right to settle fut: whoever pops it first (the
+        # callback thread's `done`, or a waiting thread) settles; list.pop is
+        # atomic under the GIL. A `done` that will not run may sit in its
+        # queue a while, and then holds nothing (no arguments, no future).
+        pending = self._pending = [(self, fut)]
 
         def done():
-            if pending:
-                invocation, future = pending
-                invocation.settle(future)
+            taken = _take(pending)
+            if taken is not None:
+                invocation, future = taken
+                invocation._settle(future)
 
         self.call.add_done_callback(state.callbacks(), done)
 
     def settle(self, fut):
-        """Completes fut with this call's outcome, or hands it to the resent call."""
-        if self._pending is not None:
-            self._pending.clear()
-            self._pending = None
+        """Completes fut with this call's outcome (or hands it to the resent
+        call), unless another thread took that over first; returns whether
+        this thread did."""
+        if _take(self._pending) is None:
+            return False
+        self._settle(fut)
+        return True
+
+    def _settle(self, fut):
+        self._pending = None
         try:
             value, again = self._outcome()
         except BaseException as exc:
@@ -73,13 +80,21 @@ class Invocation:
             fut.set_result(value)
 
 
+def _take(pending):
+    """The (invocation, future) still in `pending`, taken out, or None."""
+    try:
+        return pending.pop() if pending else None
+    except IndexError:  # another thread took it between the test and the pop
+        return None
+
+
 class InvocationFuture(torch.futures.Future):
-    """rpc_async's future. A thread that waits for it settles it itself, if
-    it claims the call before the call completes; otherwise the torchrpc
-    callback thread does. A waiter then needs no hand-over from that thread
-    (a wake-up and the GIL), so ``rpc_async(...).wait()`` costs about what
-    rpc_sync does. Once a callback has been added, only the callback thread
-    settles it, so callbacks keep running there."""
+    """rpc_async's future. A thread that waits for it settles it itself;
+    otherwise the torchrpc callback thread does. A waiter then needs no
+    hand-over from that thread (a wake-up and the GIL), so
+    ``rpc_async(...).wait()`` costs about what rpc_sync does, also while
+    that thread is busy. Once a callback has been added, only the callback
+    thread settles it, so callbacks keep running there."""
 
     _invocation = None  # the call that settles it; None once settled
     _callbacks_added = False
@@ -87,9 +102,13 @@ class InvocationFuture(torch.futures.Future):
     def wait(self):
         inv = self._invocation
         while inv is not None and not self._callbacks_added and not self.done():
-            if not inv.call.claim_and_wait():  # polls, then sleeps; without the GIL
-                break  # the call completed first: the callback thread settles it
-            inv.settle(self)
+            # Returns once the call is done (polls, then sleeps, without the
+            # GIL). If it completed before this thread claimed it, its `done`
+            # is queued on the callback thread, which may be busy: this thread
+            # settles it anyway, unless that thread took it over already.
+            inv.call.claim_and_wait()
+            if not inv.settle(self):
+                break
             inv = self._invocation  # the resent call, or None
         return super().wait()
 

@@ -267,6 +267,29 @@ def test_waiting_on_a_future_does_not_need_the_callback_thread():
     assert took < 1.0, f"4 rpc_async().wait() took {took:.2f} s while the callback thread was busy"
 
 
+def test_a_call_that_completed_before_its_future_was_made_is_settled_by_the_waiter():
+    # The race behind the test above: the response lands before rpc_async
+    # hands the call to the callback thread, which is busy; the waiter
+    # settles it anyway instead of waiting for that thread.
+    from torchrpc import dispatch
+
+    entered, release = threading.Event(), threading.Event()
+    busy = rpc.rpc_async("worker1", funcs.sleep, args=(0.1,)).then(
+        lambda f: entered.set() or release.wait(2.0))
+    assert entered.wait(10)
+    invocation = dispatch.invoke("rpc_async", "worker2", torch.add, (torch.ones(1), 1))
+    deadline = time.monotonic() + 10
+    while not invocation.call.done() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    started = time.monotonic()
+    value = invocation.future().wait()
+    took = time.monotonic() - started
+    release.set()
+    busy.wait()
+    assert torch.equal(value, torch.full((1,), 2.0))
+    assert took < 1.0, f"the waiter waited {took:.2f} s for the busy callback thread"
+
+
 def test_callbacks_added_before_completion_run_on_the_torchrpc_thread():
     threads = []
     fut = rpc.rpc_async("worker1", funcs.sleep, args=(0.2,))
