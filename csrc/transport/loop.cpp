@@ -100,7 +100,19 @@ void Loop::drainDeferred() {
     work.swap(deferred_);
   }
   for (auto& fn : work) {
+    guarded(fn);
+  }
+}
+
+void Loop::guarded(const std::function<void()>& fn) {
+  // Last line of defence: handlers close their own connection on errors, so
+  // whatever still escapes is a bug; it must not take the loop down with it.
+  try {
     fn();
+  } catch (const std::exception& e) {
+    TORCHRPC_WARN(workerName_, "an I/O handler failed: " << e.what());
+  } catch (...) {
+    TORCHRPC_WARN(workerName_, "an I/O handler failed with a non-standard exception");
   }
 }
 
@@ -135,7 +147,8 @@ int Loop::serve(const epoll_event* events, int n, bool loopThread) {
       if (it == handlers_.end()) continue;
       handler = it->second;
     }
-    (*handler)(events[i].events);
+    const uint32_t ready = events[i].events;
+    guarded([&] { (*handler)(ready); });
     ++served;
   }
   drainDeferred();

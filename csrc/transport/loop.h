@@ -67,6 +67,8 @@ class Loop {
   // Returns how many handlers ran.
   int serve(const epoll_event* events, int n, bool loopThread);
   void drainDeferred();
+  // Runs fn; an exception it throws is logged, never thrown on.
+  void guarded(const std::function<void()>& fn);
 
   const std::string workerName_;
   int epollFd_{-1};
