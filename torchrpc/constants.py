@@ -14,3 +14,13 @@ DEFAULT_SHUTDOWN_TIMEOUT_SEC = 60.0
 UNSET_RPC_TIMEOUT = -1.0
 #: Worker names: letters, digits, '_' and '-', fewer than this many characters.
 MAX_NAME_LENGTH = 128
+#: The largest message (payload and tensors) a worker accepts, in bytes.
+DEFAULT_MAX_MESSAGE_BYTES = 16 << 30
+#: Bytes of requests from one peer a worker holds (running and waiting) before
+#: it stops reading from that peer.
+DEFAULT_MAX_PEER_BYTES = 4 << 30
+#: Requests from one peer a worker runs at once; later ones wait their turn.
+DEFAULT_MAX_CALLS_IN_FLIGHT = 1024
+#: Seconds without a sign of life from a peer that owes responses before its
+#: calls fail (0: never). TORCHRPC_HEARTBEAT_SECONDS overrides the default.
+DEFAULT_HEARTBEAT_TIMEOUT_SEC = 30.0

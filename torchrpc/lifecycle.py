@@ -63,13 +63,24 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
             state.install(state.Session(agent, rref_ctx, rank, options))
 
         try:
-            worker = native().Worker(name, rank, world_size, options.num_worker_threads, options.rpc_timeout,
-                                     rendezvous.listen_host(options.init_method), rendezvous.host_id(), store,
-                                     options.secret or b"", before_serving)
+            worker = native().Worker(_agent_options(name, rank, world_size, options), store, before_serving)
         except BaseException:
             state.clear()  # the Worker stopped what it had started
             raise
         state.current().worker = worker
+
+
+def _agent_options(name, rank, world_size, options):
+    """The native AgentOptions of this worker."""
+    o = native().AgentOptions()
+    o.name, o.rank, o.world_size = name, rank, world_size
+    o.listen_host = rendezvous.listen_host(options.init_method)
+    o.host_id = rendezvous.host_id()
+    o.secret = options.secret or b""
+    for field in ("num_worker_threads", "rpc_timeout", "max_message_bytes", "max_peer_bytes", "max_calls_in_flight",
+                  "heartbeat_timeout"):
+        setattr(o, field, getattr(options, field))
+    return o
 
 
 def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):

@@ -4,6 +4,7 @@ names of ``torch.distributed.rpc``, so that its programs run unchanged)."""
 import datetime
 import enum
 import numbers
+import os
 
 from torchrpc import constants
 
@@ -36,6 +37,26 @@ class RpcOptions:
             rank 0 makes a random one and hands it out through the
             rendezvous store, so whoever can read that store can join. See
             docs/threat-model.md.
+        max_message_bytes (int): the largest message, payload and tensors
+            together, this worker sends or accepts (default 16 GiB). A
+            larger one fails its call with ValueError on the sender; a peer
+            that sends one anyway is disconnected before anything is
+            allocated for it.
+        max_peer_bytes (int): bytes of requests from one peer this worker
+            holds, running or waiting, before it stops reading from that
+            peer until some are answered (default 4 GiB; one message larger
+            than it is still taken, alone).
+        max_calls_in_flight (int): requests from one peer that run at once
+            (default 1024); later ones wait their turn, in order (up to 64
+            times as many; beyond that the worker stops reading). Together
+            with ``max_peer_bytes`` it bounds what a peer that floods
+            requests, or never reads its responses, can make this worker hold.
+        heartbeat_timeout (float): seconds without any sign of life from a
+            peer that owes this worker responses, after which its calls fail
+            with an error naming it (default 30, or TORCHRPC_HEARTBEAT_SECONDS;
+            ``0`` turns heartbeats off). It detects a stopped (SIGSTOP), hung
+            or partitioned peer even for calls without a timeout; a peer that
+            is merely busy answers heartbeats from its I/O thread.
         device_maps, devices: ``TensorPipeRpcBackendOptions``' CUDA device
             maps. torchrpc sends CPU tensors only: ``None`` or empty, else
             ValueError.
@@ -51,7 +72,8 @@ class RpcOptions:
         20.0
     """
 
-    _FIELDS = ("num_worker_threads", "rpc_timeout", "init_method", "store", "init_timeout")
+    _FIELDS = ("num_worker_threads", "rpc_timeout", "init_method", "store", "init_timeout", "max_message_bytes",
+               "max_peer_bytes", "max_calls_in_flight", "heartbeat_timeout")
 
     def __init__(
         self,
@@ -62,18 +84,23 @@ class RpcOptions:
         store=None,
         init_timeout=constants.DEFAULT_INIT_TIMEOUT_SEC,
         secret=None,
+        max_message_bytes=constants.DEFAULT_MAX_MESSAGE_BYTES,
+        max_peer_bytes=constants.DEFAULT_MAX_PEER_BYTES,
+        max_calls_in_flight=constants.DEFAULT_MAX_CALLS_IN_FLIGHT,
+        heartbeat_timeout=None,
         device_maps=None,
         devices=None,
         _transports=None,
         _channels=None,
     ):
-        if isinstance(num_worker_threads, bool) or not isinstance(num_worker_threads, numbers.Integral):
-            raise TypeError(
-                f"RpcOptions(num_worker_threads=...) expects an int; got {type(num_worker_threads).__name__}"
-            )
-        if num_worker_threads < 1:
-            raise ValueError(f"RpcOptions(num_worker_threads=...) must be at least 1; got {num_worker_threads}")
-        self.num_worker_threads = int(num_worker_threads)
+        self.num_worker_threads = _positive_int("num_worker_threads", num_worker_threads)
+        self.max_message_bytes = _positive_int("max_message_bytes", max_message_bytes)
+        self.max_peer_bytes = _positive_int("max_peer_bytes", max_peer_bytes)
+        self.max_calls_in_flight = _positive_int("max_calls_in_flight", max_calls_in_flight)
+        if heartbeat_timeout is None:
+            heartbeat_timeout = float(os.environ.get("TORCHRPC_HEARTBEAT_SECONDS",
+                                                     constants.DEFAULT_HEARTBEAT_TIMEOUT_SEC))
+        self.heartbeat_timeout = _seconds("heartbeat_timeout", heartbeat_timeout)
         self.rpc_timeout = _seconds("rpc_timeout", rpc_timeout)
         self.init_timeout = _seconds("init_timeout", init_timeout)
         if not isinstance(init_method, str):
@@ -135,6 +162,14 @@ class RpcOptions:
                 f"{type(options).__name__}"
             )
         return cls(**known)
+
+
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"RpcOptions({name}=...) expects an int; got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"RpcOptions({name}=...) must be at least 1; got {value}")
+    return int(value)
 
 
 def _seconds(name, value):

@@ -17,7 +17,6 @@ namespace torchrpc::agent {
 
 namespace {
 
-constexpr double kResponseSendTimeoutSeconds = 300.0;
 constexpr double kGoodbyeTimeoutSeconds = 1.0;
 
 std::chrono::steady_clock::time_point deadlineAfter(double seconds) {
@@ -56,10 +55,8 @@ Agent::Agent(AgentOptions options)
   // Idle pool threads that wait for the next request read it themselves.
   pool_ = std::make_unique<ThreadPool>(options_.numWorkerThreads, options_.name,
                                        [loop = loop_.get()] { loop->pollOnce(); });
-  listener_ = std::make_unique<transport::Listener>(*loop_, options_.name, [this](int fd, const std::string& desc) {
-    adopt(std::make_shared<transport::Connection>(*loop_, fd, desc, options_.name,
-                                                  handshake(auth::Handshake::Role::kAcceptor, -1)));
-  });
+  listener_ = std::make_unique<transport::Listener>(*loop_, options_.name,
+                                                     [this](int fd, const std::string& desc) { accept(fd, desc); });
 }
 
 Agent::~Agent() { shutdown(); }
@@ -115,7 +112,7 @@ void Agent::startServing() {
     serving_ = true;
     auto held = std::move(held_);
     held_.clear();
-    for (auto& [conn, m] : held) onMessageFromLoop(conn, std::move(m));
+    for (auto& h : held) onMessageFromLoop(h.conn, std::move(h.message), std::move(h.ticket));
   });
 }
 
@@ -146,6 +143,25 @@ std::unique_ptr<auth::Handshake> Agent::handshake(auth::Handshake::Role role, in
   });
 }
 
+void Agent::accept(int fd, const std::string& description) {
+  size_t open = 0, handshaking = 0;
+  {
+    std::lock_guard<std::mutex> lock(connectionsMutex_);
+    open = connections_.size();
+    for (const auto& kv : connections_) handshaking += kv.second->peerRank() < 0 ? 1 : 0;
+  }
+  if (open >= options_.maxConnections() || handshaking >= AgentOptions::kMaxHandshaking) {
+    ::close(fd);
+    TORCHRPC_WARN(options_.name, "refused an " << description << ": " << open << " connections are open, "
+                                              << handshaking << " of them unauthenticated (caps: "
+                                              << options_.maxConnections() << " and " << AgentOptions::kMaxHandshaking
+                                              << ")");
+    return;
+  }
+  adopt(std::make_shared<transport::Connection>(*loop_, fd, description, options_.name,
+                                                handshake(auth::Handshake::Role::kAcceptor, -1), options_.limits));
+}
+
 void Agent::adopt(const std::shared_ptr<transport::Connection>& conn) {
   {
     std::lock_guard<std::mutex> lock(connectionsMutex_);
@@ -153,7 +169,9 @@ void Agent::adopt(const std::shared_ptr<transport::Connection>& conn) {
   }
   conn->start(
       [this](const std::shared_ptr<transport::Connection>& c, int rank) { onAuthenticatedFromLoop(c, rank); },
-      [this](const std::shared_ptr<transport::Connection>& c, message::Message&& m) { onMessageFromLoop(c, std::move(m)); },
+      [this](const std::shared_ptr<transport::Connection>& c, message::Message&& m, transport::Ticket t) {
+        onMessageFromLoop(c, std::move(m), std::move(t));
+      },
       [this](const std::shared_ptr<transport::Connection>& c, const std::string& reason) {
         onCloseFromLoop(c, reason);
       });
@@ -179,7 +197,8 @@ common::Fallible<std::shared_ptr<transport::Connection>> Agent::connectionTo(int
   // Requests sent now wait in the connection until the handshake proved who
   // answered; a failed handshake closes it and fails them, saying why.
   auto conn = std::make_shared<transport::Connection>(*loop_, fd.value, "connection to " + p.name + " (" + address + ")",
-                                                      options_.name, handshake(auth::Handshake::Role::kConnector, dst));
+                                                      options_.name, handshake(auth::Handshake::Role::kConnector, dst),
+                                                      options_.limits);
   adopt(conn);
   std::lock_guard<std::mutex> lock(state.mutex);
   state.conn = conn;
@@ -228,7 +247,8 @@ Agent::FuturePtr Agent::send(int dst, message::Message&& request, double timeout
   call.connectionId = conn.value->id();
   auto deadline = call.deadline;
   pending_.add(id, std::move(call));
-  if (common::Error err = conn.value->send(std::move(request), deadline)) {
+  // A pool thread never waits for a peer to read: it queues (connection.h).
+  if (common::Error err = conn.value->send(std::move(request), deadline, nullptr, !ThreadPool::onPoolThread())) {
     // A message the wire refuses (e.g. an unsupported tensor) is the caller's mistake.
     common::ErrorKind kind = err.code() == common::Error::Code::kInvalid ? common::ErrorKind::kInvalidArgument : common::ErrorKind::kPeerUnreachable;
     if (auto failed = pending_.take(id)) {
@@ -345,17 +365,19 @@ void Agent::serve(message::Message&& request, int callerRank, message::Reply rep
   }
 }
 
-void Agent::respondOn(const std::shared_ptr<transport::Connection>& conn, message::Message&& response) {
+void Agent::respondOn(const std::shared_ptr<transport::Connection>& conn, message::Message&& response,
+                      const transport::Ticket& ticket) {
   const uint64_t id = response.id;
   CoreSpread::leave();  // this pool task has done its work: see core_spread.h
-  common::Error err = conn->send(std::move(response), deadlineAfter(kResponseSendTimeoutSeconds));
+  // A response never waits for the peer to read (its ticket bounds how many queue).
+  common::Error err = conn->send(std::move(response), std::chrono::steady_clock::time_point::max(), ticket);
   if (err && err.code() == common::Error::Code::kInvalid) {
     // The result cannot travel (a tensor the wire refuses): the caller gets why.
     err = conn->send(message::exceptionMessage(id, message::RemoteException{"ValueError",
                                                           "the result of request #" + std::to_string(id) +
                                                               " cannot be sent: " + err.what(),
                                                           "", "<sending the result>", options_.name}),
-                     deadlineAfter(kResponseSendTimeoutSeconds));
+                     std::chrono::steady_clock::time_point::max(), ticket);
   }
   if (!err || err.code() == common::Error::Code::kClosed) return;  // a closed connection failed the caller's call
   // The caller would wait out its timeout for this response: close the
@@ -372,9 +394,10 @@ void Agent::onAuthenticatedFromLoop(const std::shared_ptr<transport::Connection>
   if (!state.conn || state.conn->closed()) state.conn = conn;
 }
 
-void Agent::onMessageFromLoop(const std::shared_ptr<transport::Connection>& conn, message::Message&& m) {
+void Agent::onMessageFromLoop(const std::shared_ptr<transport::Connection>& conn, message::Message&& m,
+                              transport::Ticket ticket) {
   if (!serving_) {
-    held_.emplace_back(conn, std::move(m));
+    held_.push_back({conn, std::move(m), std::move(ticket)});
     return;
   }
   if (conn->peerRank() < 0) {  // the connection reads no frame before the handshake
@@ -390,7 +413,11 @@ void Agent::onMessageFromLoop(const std::shared_ptr<transport::Connection>& conn
     return;
   }
   if (message::isRequest(m.type)) {
-    message::Reply reply(m.id, options_.name, [this, conn](message::Message&& r) { respondOn(conn, std::move(r)); });
+    // The ticket leaves with the response (the reply answers once): it counts
+    // against the connection's caps until the response is written.
+    message::Reply reply(m.id, options_.name, [this, conn, ticket = std::move(ticket)](message::Message&& r) mutable {
+      respondOn(conn, std::move(r), std::exchange(ticket, nullptr));
+    });
     auto fast = fastPaths_.find(static_cast<uint16_t>(m.type));
     if (fast != fastPaths_.end() && fast->second(m, reply)) return;
     int caller = conn->peerRank();

@@ -51,6 +51,11 @@ struct AgentOptions {
   std::string listenHost{"127.0.0.1"};  // TCP interface to listen on
   std::string hostId;                   // peers with the same id use Unix sockets
   std::string secret;                   // the job's; every connection proves it (auth/handshake.h)
+  transport::Limits limits;             // per connection: caps and heartbeats (connection.h)
+  // Open connections, and of them those still in their handshake; beyond
+  // either cap an accepted connection is closed at once.
+  size_t maxConnections() const { return 2 * static_cast<size_t>(worldSize) + kMaxHandshaking; }
+  static constexpr size_t kMaxHandshaking = 64;
 };
 
 struct PeerInfo {
@@ -140,14 +145,18 @@ class Agent : public std::enable_shared_from_this<Agent> {
 
   common::Fallible<std::shared_ptr<transport::Connection>> connectionTo(int dst, double timeoutSeconds);
   void adopt(const std::shared_ptr<transport::Connection>& conn);
-  void onMessageFromLoop(const std::shared_ptr<transport::Connection>& conn, message::Message&& m);
+  void onMessageFromLoop(const std::shared_ptr<transport::Connection>& conn, message::Message&& m,
+                         transport::Ticket ticket);
+  // Accepted fd: a connection, unless the connection caps are reached.
+  void accept(int fd, const std::string& description);
   void onCloseFromLoop(const std::shared_ptr<transport::Connection>& conn, const std::string& reason);
   void onAuthenticatedFromLoop(const std::shared_ptr<transport::Connection>& conn, int rank);
   std::unique_ptr<auth::Handshake> handshake(auth::Handshake::Role role, int dst) const;
   void onResponse(message::Message&& m, int src, uint64_t connectionId);
   // Applies the interceptor, then serve().
   void dispatch(message::Message&& request, int callerRank, message::Reply reply);
-  void respondOn(const std::shared_ptr<transport::Connection>& conn, message::Message&& response);
+  void respondOn(const std::shared_ptr<transport::Connection>& conn, message::Message&& response,
+                 const transport::Ticket& ticket);
   std::string peerLabel(int rank) const;
 
   const AgentOptions options_;
@@ -168,7 +177,12 @@ class Agent : public std::enable_shared_from_this<Agent> {
   std::unordered_map<uint64_t, std::shared_ptr<transport::Connection>> connections_;
   std::unordered_set<uint64_t> saidGoodbye_;  // loop thread only
   bool serving_{false};                       // loop thread only
-  std::vector<std::pair<std::shared_ptr<transport::Connection>, message::Message>> held_;  // loop thread only
+  struct Held {
+    std::shared_ptr<transport::Connection> conn;
+    message::Message message;
+    transport::Ticket ticket;
+  };
+  std::vector<Held> held_;  // loop thread only
   std::atomic<bool> shuttingDown_{false};
   std::atomic<bool> stopped_{false};
 };

@@ -22,7 +22,11 @@ size_t usableCores() {
   return std::max(1, CPU_COUNT(&set));
 }
 
+thread_local bool inPool = false;
+
 }  // namespace
+
+bool ThreadPool::onPoolThread() { return inPool; }
 
 ThreadPool::ThreadPool(size_t numThreads, std::string workerName, std::function<void()> idlePoll)
     : workerName_(std::move(workerName)), idlePoll_(std::move(idlePoll)), cores_(usableCores()) {
@@ -32,6 +36,7 @@ ThreadPool::ThreadPool(size_t numThreads, std::string workerName, std::function<
   for (size_t i = 0; i < numThreads; ++i) {
     threads_.emplace_back([this] {
       common::nameThisThread("rpc-pool");
+      inPool = true;
       work();
     });
   }

@@ -35,6 +35,8 @@ class ThreadPool {
   size_t size() const { return threads_.size(); }
   // Tasks queued or running; for shutdown and debugging.
   size_t busy() const;
+  // The calling thread is a thread of some pool (it must never wait on a peer).
+  static bool onPoolThread();
 
  private:
   void work();

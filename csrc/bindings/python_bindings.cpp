@@ -165,21 +165,6 @@ bool sendMayWait(const Agent& agent, int dst, const Message& m) {
   return bytes > kSmall || !agent.sendsAtOnce(dst, bytes);
 }
 
-torchrpc::agent::AgentOptions agentOptions(const std::string& name, int rank, int worldSize, size_t numThreads,
-                                           double rpcTimeout, const std::string& listenHost,
-                                           const std::string& hostId, const py::bytes& secret) {
-  torchrpc::agent::AgentOptions o;
-  o.name = name;
-  o.rank = rank;
-  o.worldSize = worldSize;
-  o.numWorkerThreads = numThreads;
-  o.defaultTimeoutSeconds = rpcTimeout;
-  o.listenHost = listenHost;
-  o.hostId = hostId;
-  o.secret = std::string(secret);
-  return o;
-}
-
 // Sends; a call refused before anything was sent raises (ValueError).
 Call send(Agent& agent, int dst, Message&& m, double timeout, const std::string& kind, const std::string& function) {
   std::optional<py::gil_scoped_release> nogil;
@@ -209,11 +194,36 @@ PYBIND11_MODULE(_C, m) {
 
   // The lifecycle (worker/worker.h). before_serving(agent, rref_context)
   // installs the Python handlers and session before the first call is served.
+  // What a worker is (agent/agent.h AgentOptions), filled by torchrpc.lifecycle.
+  py::class_<torchrpc::agent::AgentOptions>(m, "AgentOptions")
+      .def(py::init<>())
+      .def_readwrite("name", &torchrpc::agent::AgentOptions::name)
+      .def_readwrite("rank", &torchrpc::agent::AgentOptions::rank)
+      .def_readwrite("world_size", &torchrpc::agent::AgentOptions::worldSize)
+      .def_readwrite("num_worker_threads", &torchrpc::agent::AgentOptions::numWorkerThreads)
+      .def_readwrite("rpc_timeout", &torchrpc::agent::AgentOptions::defaultTimeoutSeconds)
+      .def_readwrite("listen_host", &torchrpc::agent::AgentOptions::listenHost)
+      .def_readwrite("host_id", &torchrpc::agent::AgentOptions::hostId)
+      .def_property(
+          "secret", [](const torchrpc::agent::AgentOptions& o) { return py::bytes(o.secret); },
+          [](torchrpc::agent::AgentOptions& o, const py::bytes& s) { o.secret = std::string(s); })
+      .def_property(
+          "max_message_bytes", [](const torchrpc::agent::AgentOptions& o) { return o.limits.maxFrameBytes; },
+          [](torchrpc::agent::AgentOptions& o, uint64_t v) { o.limits.maxFrameBytes = v; })
+      .def_property(
+          "max_peer_bytes", [](const torchrpc::agent::AgentOptions& o) { return o.limits.maxPeerBytes; },
+          [](torchrpc::agent::AgentOptions& o, uint64_t v) { o.limits.maxPeerBytes = v; })
+      .def_property(
+          "max_calls_in_flight", [](const torchrpc::agent::AgentOptions& o) { return o.limits.maxCallsInFlight; },
+          [](torchrpc::agent::AgentOptions& o, size_t v) { o.limits.maxCallsInFlight = v; })
+      .def_property(
+          "heartbeat_timeout", [](const torchrpc::agent::AgentOptions& o) { return o.limits.heartbeatSeconds; },
+          [](torchrpc::agent::AgentOptions& o, double v) { o.limits.heartbeatSeconds = v; });
+
+  // The lifecycle (worker/worker.h). before_serving(agent, rref_context)
+  // installs the Python handlers and session before the first call is served.
   py::class_<torchrpc::worker::Worker, std::shared_ptr<torchrpc::worker::Worker>>(m, "Worker")
-      .def(py::init([](const std::string& name, int rank, int worldSize, size_t numThreads, double rpcTimeout,
-                       const std::string& listenHost, const std::string& hostId, const py::object& store,
-                       const py::bytes& secret, py::object beforeServing) {
-             auto o = agentOptions(name, rank, worldSize, numThreads, rpcTimeout, listenHost, hostId, secret);
+      .def(py::init([](const torchrpc::agent::AgentOptions& o, const py::object& store, py::object beforeServing) {
              auto s = py::cast<c10::intrusive_ptr<c10d::Store>>(store);
              auto hook = pf::sharedPyObject(std::move(beforeServing));
              py::gil_scoped_release nogil;  // the rendezvous waits for the whole job
@@ -222,9 +232,7 @@ PYBIND11_MODULE(_C, m) {
                (*hook)(a.shared_from_this(), c.shared_from_this());
              });
            }),
-           py::arg("name"), py::arg("rank"), py::arg("world_size"), py::arg("num_worker_threads"),
-           py::arg("rpc_timeout"), py::arg("listen_host"), py::arg("host_id"), py::arg("store"), py::arg("secret"),
-           py::arg("before_serving"))
+           py::arg("options"), py::arg("store"), py::arg("before_serving"))
       .def_property_readonly("agent", [](const torchrpc::worker::Worker& w) { return w.agentPtr(); })
       .def_property_readonly("rrefs", [](const torchrpc::worker::Worker& w) { return w.rrefs(); })
       // (None or the error tuple of why the graceful part failed, leaked owner RRefs)
@@ -260,13 +268,8 @@ PYBIND11_MODULE(_C, m) {
   });
 
   py::class_<Agent, std::shared_ptr<Agent>>(m, "Agent")
-      .def(py::init([](const std::string& name, int rank, int worldSize, size_t numThreads, double rpcTimeout,
-                       const std::string& listenHost, const std::string& hostId, const py::bytes& secret) {
-             return std::make_shared<Agent>(
-                 agentOptions(name, rank, worldSize, numThreads, rpcTimeout, listenHost, hostId, secret));
-           }),
-           py::arg("name"), py::arg("rank"), py::arg("world_size"), py::arg("num_worker_threads"),
-           py::arg("rpc_timeout"), py::arg("listen_host"), py::arg("host_id"), py::arg("secret") = py::bytes())
+      .def(py::init([](const torchrpc::agent::AgentOptions& o) { return std::make_shared<Agent>(o); }),
+           py::arg("options"))
       .def("listen", &Agent::listen)
       // (name, rank, tcp address, unix address, host id) by rank, once set.
       .def("peers",

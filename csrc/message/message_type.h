@@ -10,6 +10,8 @@ enum class MessageType : uint16_t {
   // Connection control (1-9).
   kHello = 1,    // retired (the handshake, auth/handshake.h, names the peer now); never sent
   kGoodbye = 2,  // orderly close: the sender shuts down, nothing more will come
+  kPing = 3,     // are you there? (heartbeat: answered with PONG by the connection itself)
+  kPong = 4,     // yes
 
   // Same-host copy (5-7): see csrc/transport/same_host.h. Between the two
   // ends of one connection only; they never reach the agent.

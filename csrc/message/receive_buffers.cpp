@@ -26,7 +26,8 @@ struct Block {
   uint64_t bytes;  // a multiple of kHugePage
 };
 
-// A 2 MB-aligned, faulted-in block of `bytes`.
+// A 2 MB-aligned block of `bytes`, not yet faulted in (populate() does that
+// as the bytes arrive).
 void* mapBlock(uint64_t bytes) {
   const uint64_t span = bytes + kHugePage;
   void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -38,9 +39,6 @@ void* mapBlock(uint64_t bytes) {
   if (begin + span > tail) ::munmap(reinterpret_cast<void*>(tail), begin + span - tail);
   auto* data = reinterpret_cast<char*>(aligned);
   ::madvise(data, bytes, MADV_HUGEPAGE);
-  if (::madvise(data, bytes, MADV_POPULATE_WRITE) != 0) {
-    for (char* page = data; page < data + bytes; page += 4096) *page = 0;
-  }
   return data;
 }
 
@@ -127,6 +125,15 @@ at::Tensor empty(const std::vector<int64_t>& sizes, c10::ScalarType dtype, uint6
   at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtype));
   t.set_(std::move(storage), 0, sizes);
   return t;
+}
+
+void populate(char* begin, uint64_t bytes) {
+  // madvise wants a page-aligned start; pages already present cost a table walk.
+  auto start = reinterpret_cast<uintptr_t>(begin) & ~uintptr_t{4095};
+  uint64_t span = reinterpret_cast<uintptr_t>(begin) + bytes - start;
+  if (::madvise(reinterpret_cast<void*>(start), span, MADV_POPULATE_WRITE) != 0) {
+    for (char* page = begin; page < begin + bytes; page += 4096) *static_cast<volatile char*>(page) = *page;
+  }
 }
 
 uint64_t cachedBytes() { return Cache::instance().cached(); }

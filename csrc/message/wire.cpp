@@ -14,6 +14,8 @@ const char* messageTypeName(MessageType t) {
   switch (t) {
     case MessageType::kHello: return "HELLO";
     case MessageType::kGoodbye: return "GOODBYE";
+    case MessageType::kPing: return "PING";
+    case MessageType::kPong: return "PONG";
     case MessageType::kLendOffer: return "LEND_OFFER";
     case MessageType::kLendAccept: return "LEND_ACCEPT";
     case MessageType::kLendRelease: return "LEND_RELEASE";
@@ -205,12 +207,18 @@ bool FrameReader::startPrefix() {
          std::to_string(h.numTensors) + " tensors");
     return false;
   }
+  if (h.payloadLen + h.descLen > maxFrameBytes_) {
+    failOverCap(h.payloadLen + h.descLen);
+    return false;
+  }
   current_ = ReceivedFrame{};
   current_.message.type = static_cast<MessageType>(h.type);
   current_.message.id = h.id;
   lent_.clear();
+  specs_.clear();
   prefix_.clear();
-  prefix_.reserve(h.payloadLen + h.descLen);
+  // Grows as bytes arrive: a declared length reserves nothing up front.
+  prefix_.reserve(std::min<uint64_t>(h.payloadLen + h.descLen, kPrefixReserveBytes));
   state_ = State::kPrefix;
   filled_ = 0;
   return true;
@@ -221,7 +229,9 @@ bool FrameReader::parseDescriptors() {
   const char* end = prefix_.data() + prefix_.size();
   auto need = [&](size_t n) { return static_cast<size_t>(end - p) >= n; };
   current_.message.tensors.reserve(header_.numTensors);
+  specs_.reserve(header_.numTensors);
   lent_.assign(header_.numTensors, false);
+  uint64_t frameBytes = header_.payloadLen + header_.descLen;
   for (uint32_t i = 0; i < header_.numTensors; ++i) {
     if (!need(8)) {
       fail("truncated descriptor of tensor #" + std::to_string(i));
@@ -277,6 +287,11 @@ bool FrameReader::parseDescriptors() {
            " need " + std::to_string(expect));
       return false;
     }
+    frameBytes += nbytes;
+    if (frameBytes > maxFrameBytes_) {
+      failOverCap(frameBytes);
+      return false;
+    }
     if (flags & kTensorLent) {
       if (!need(8)) {
         fail("truncated address of lent tensor #" + std::to_string(i));
@@ -293,7 +308,11 @@ bool FrameReader::parseDescriptors() {
       current_.lent.push_back({i, address});
       lent_[i] = true;
     }
-    current_.message.tensors.push_back(emptyForReceive(sizes, st, nbytes));
+    // Memory is taken when the tensor's bytes start to arrive (allocate());
+    // a lent one is copied as soon as the frame is complete.
+    specs_.push_back({std::move(sizes), st, nbytes});
+    current_.message.tensors.emplace_back();
+    if (lent_[i] && !allocate(i)) return false;
   }
   if (p != end) {
     fail("descriptor section has " + std::to_string(end - p) + " trailing bytes");
@@ -305,11 +324,31 @@ bool FrameReader::parseDescriptors() {
   return true;
 }
 
+void FrameReader::failOverCap(uint64_t declared) {
+  fail("frame #" + std::to_string(header_.id) + " (" + messageTypeName(static_cast<MessageType>(header_.type)) +
+       ") declares at least " + std::to_string(declared) + " bytes; this worker accepts at most " +
+       std::to_string(maxFrameBytes_) + " per message (RpcOptions(max_message_bytes=...))");
+}
+
+bool FrameReader::allocate(size_t index) {
+  at::Tensor& t = current_.message.tensors[index];
+  if (t.defined()) return true;
+  const TensorSpec& spec = specs_[index];
+  try {
+    t = emptyForReceive(spec.sizes, spec.dtype, spec.nbytes);
+  } catch (const std::exception& e) {
+    fail("cannot allocate " + std::to_string(spec.nbytes) + " bytes for tensor #" + std::to_string(index) +
+         " of frame #" + std::to_string(header_.id) + ": " + e.what());
+    return false;
+  }
+  return true;
+}
+
 void FrameReader::finishTensorOrFrame() {
   // Skip tensors that are complete (including empty and lent ones).
   auto& tensors = current_.message.tensors;
-  while (tensorIndex_ < tensors.size() &&
-         (lent_[tensorIndex_] || filled_ >= tensors[tensorIndex_].nbytes())) {
+  while (tensorIndex_ < tensors.size() && (lent_[tensorIndex_] || filled_ >= specs_[tensorIndex_].nbytes)) {
+    if (!lent_[tensorIndex_] && !allocate(tensorIndex_)) return;  // an empty one
     ++tensorIndex_;
     filled_ = 0;
   }
@@ -357,6 +396,7 @@ size_t FrameReader::consume(const char* data, size_t len) {
         break;
       }
       case State::kTensors: {
+        if (!allocate(tensorIndex_)) return used;
         at::Tensor& t = current_.message.tensors[tensorIndex_];
         size_t n = std::min<uint64_t>(len - used, t.nbytes() - filled_);
         std::memcpy(static_cast<char*>(t.data_ptr()) + filled_, data + used, n);
@@ -374,9 +414,14 @@ std::optional<std::pair<char*, size_t>> FrameReader::directReadRegion() {
   if (state_ != State::kTensors || !error_.empty()) {
     return std::nullopt;
   }
+  if (!allocate(tensorIndex_)) return std::nullopt;
   at::Tensor& t = current_.message.tensors[tensorIndex_];
-  return std::make_pair(static_cast<char*>(t.data_ptr()) + filled_,
-                        static_cast<size_t>(t.nbytes() - filled_));
+  // One window at a time, its pages faulted in just before the read: memory
+  // is populated as the bytes arrive, never for what a peer only declared.
+  char* begin = static_cast<char*>(t.data_ptr()) + filled_;
+  size_t n = static_cast<size_t>(std::min<uint64_t>(t.nbytes() - filled_, kDirectReadWindowBytes));
+  if (t.nbytes() >= receive_buffers::kMinBytes) receive_buffers::populate(begin, n);
+  return std::make_pair(begin, n);
 }
 
 void FrameReader::commitDirectRead(size_t n) {

@@ -37,6 +37,7 @@ constexpr uint64_t kMaxPayloadBytes = 1ull << 31;  // pickles above 2 GB: use te
 constexpr uint32_t kMaxTensorsPerFrame = 1u << 16;
 constexpr uint32_t kMaxTensorDims = 64;
 constexpr uint64_t kMaxTensorBytes = 1ull << 40;  // 1 TB: only a sanity bound
+constexpr uint64_t kDefaultMaxFrameBytes = 16ull << 30;  // RpcOptions(max_message_bytes=...)
 
 #pragma pack(push, 1)
 struct FrameHeader {
@@ -82,8 +83,16 @@ struct ReceivedFrame {
 // Incremental parser. Feed it bytes with consume(); it reads tensor data
 // straight into tensor storage through nextDirectRead() when a large tensor is
 // being received. Not thread-safe: one per connection, used by the loop.
+//
+// A frame declaring more than maxFrameBytes (payload, descriptors and tensor
+// bytes together) is an error before anything is allocated for it. Within
+// the cap, a tensor's memory is taken when its first byte arrives and
+// populated window by window as the bytes come; a failed allocation is an
+// error of this connection, never an exception.
 class FrameReader {
  public:
+  explicit FrameReader(uint64_t maxFrameBytes = kDefaultMaxFrameBytes) : maxFrameBytes_(maxFrameBytes) {}
+
   // Consumes up to len bytes; returns how many it used. After an error, error()
   // is set and nothing more is consumed.
   size_t consume(const char* data, size_t len);
@@ -100,10 +109,25 @@ class FrameReader {
 
  private:
   enum class State { kHeader, kPrefix, kTensors };
+  struct TensorSpec {
+    std::vector<int64_t> sizes;
+    c10::ScalarType dtype;
+    uint64_t nbytes;
+  };
+  static constexpr uint64_t kPrefixReserveBytes = 1ull << 20;
+  static constexpr uint64_t kDirectReadWindowBytes = 16ull << 20;
+
   bool startPrefix();
   bool parseDescriptors();
+  // Allocates tensor `index` of the current frame if it is not yet; false
+  // (and error()) if the memory cannot be had.
+  bool allocate(size_t index);
   void finishTensorOrFrame();
   void fail(std::string why);
+  void failOverCap(uint64_t declared);
+
+  const uint64_t maxFrameBytes_;
+  std::vector<TensorSpec> specs_;  // per tensor of the current frame
 
   State state_{State::kHeader};
   FrameHeader header_{};

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/logging.h"
+#include "message/receive_buffers.h"
 #include "transport/same_host.h"
 
 namespace torchrpc::transport {
@@ -31,16 +32,39 @@ bool unixSocket(int fd) {
 bool lendFrame(message::MessageType t) {
   return t == message::MessageType::kLendOffer || t == message::MessageType::kLendAccept || t == message::MessageType::kLendRelease;
 }
+
+uint64_t messageBytes(const message::Message& m) {
+  uint64_t bytes = m.payload.size();
+  for (const auto& t : m.tensors) bytes += t.nbytes();
+  return bytes;
+}
+
+std::string secondsText(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f", s);
+  return buf;
+}
 }  // namespace
 
+RequestTicket::~RequestTicket() {
+  if (auto conn = conn_.lock()) conn->ticketReturned(bytes_);
+}
+
+int64_t Connection::nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 Connection::Connection(Loop& loop, int fd, std::string description, std::string workerName,
-                       std::unique_ptr<auth::Handshake> handshake)
+                       std::unique_ptr<auth::Handshake> handshake, Limits limits)
     : loop_(loop),
       fd_(fd),
       description_(std::move(description)),
       workerName_(std::move(workerName)),
       id_(nextConnectionId.fetch_add(1)),
+      limits_(limits),
       handshake_(std::move(handshake)),
+      reader_(limits.maxFrameBytes),
       readBuffer_(new char[kReadBufferBytes]) {}
 
 Connection::~Connection() {
@@ -75,14 +99,11 @@ void Connection::start(OnAuthenticated onAuthenticated, OnMessage onMessage, OnC
     }
   }
   timerFd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-  if (timerFd_ >= 0) {
-    itimerspec deadline{};
-    deadline.it_value.tv_sec = static_cast<time_t>(kHandshakeSeconds);
-    ::timerfd_settime(timerFd_, 0, &deadline, nullptr);
-  }
+  if (timerFd_ >= 0) armTimer(kHandshakeSeconds, /*periodic=*/false);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    token_ = loop_.add(fd_, EPOLLIN | EPOLLRDHUP, [weak](uint32_t events) {
+    interest_ = EPOLLIN | EPOLLRDHUP;
+    token_ = loop_.add(fd_, interest_, [weak](uint32_t events) {
       if (auto self = weak.lock()) {
         self->handleEventsFromLoop(events);
       }
@@ -90,9 +111,14 @@ void Connection::start(OnAuthenticated onAuthenticated, OnMessage onMessage, OnC
     if (timerFd_ >= 0) {
       timerToken_ = loop_.add(timerFd_, EPOLLIN, [weak](uint32_t) {
         auto self = weak.lock();
-        if (self && !self->closeFired_) {
+        if (!self || self->closeFired_) return;
+        uint64_t expirations;
+        (void)!::read(self->timerFd_, &expirations, sizeof(expirations));
+        if (!self->authenticated_) {
           self->closeFromLoop("the handshake did not finish within " +
                               std::to_string(static_cast<int>(kHandshakeSeconds)) + " s");
+        } else {
+          self->heartbeatFromLoop();
         }
       });
     }
@@ -113,6 +139,43 @@ common::Error Connection::writeRaw(const std::string& bytes) {
     done += static_cast<size_t>(w);
   }
   return common::Error();
+}
+
+void Connection::armTimer(double seconds, bool periodic) {
+  itimerspec spec{};
+  if (seconds > 0) {
+    auto ns = static_cast<int64_t>(seconds * 1e9);
+    spec.it_value.tv_sec = ns / 1000000000;
+    spec.it_value.tv_nsec = ns % 1000000000;
+    if (periodic) spec.it_interval = spec.it_value;
+  }
+  ::timerfd_settime(timerFd_, 0, &spec, nullptr);
+}
+
+void Connection::heartbeatFromLoop() {
+  if (awaiting_.load() <= 0) return;
+  if (readPaused_) {
+    heard();  // we are the one not reading: the peer sends plenty
+    return;
+  }
+  // What waits in the socket counts: this loop may have been busy, not the peer.
+  if (static_cast<double>(nowNs() - lastHeardNs_.load(std::memory_order_relaxed)) / 1e9 >= limits_.heartbeatSeconds) {
+    readFromLoop();
+    if (closeFired_) return;
+  }
+  const int64_t now = nowNs();
+  const double silent = static_cast<double>(now - lastHeardNs_.load(std::memory_order_relaxed)) / 1e9;
+  if (silent >= limits_.heartbeatSeconds) {
+    closeFromLoop("nothing heard for " + secondsText(silent) + " s while " + std::to_string(awaiting_.load()) +
+                  " request(s) awaited a response (heartbeat timeout " + secondsText(limits_.heartbeatSeconds) +
+                  " s): the peer stopped, hung or is cut off by the network");
+    return;
+  }
+  const double sincePing = static_cast<double>(now - lastPingNs_) / 1e9;
+  if (silent >= limits_.heartbeatSeconds / 3 && sincePing >= limits_.heartbeatSeconds / 3) {
+    lastPingNs_ = now;
+    sendControl(message::MessageType::kPing, "");
+  }
 }
 
 void Connection::stopTimerFromLoop() {
@@ -150,7 +213,12 @@ bool Connection::handshakeFromLoop() {
     closeFromLoop("handshake failed: " + handshake_->error());
     return false;
   }
-  stopTimerFromLoop();
+  heard();
+  if (limits_.heartbeatSeconds > 0) {
+    armTimer(limits_.heartbeatSeconds / 6, /*periodic=*/true);
+  } else {
+    stopTimerFromLoop();
+  }
   peerRank_.store(handshake_->peerRank());
   common::Error err;
   {
@@ -219,6 +287,9 @@ common::Error Connection::copyLent(message::ReceivedFrame& frame) {
   if (peerPid_ < 0) return common::Error(common::Error::Code::kInvalid, "the peer lent a tensor without a verified same-host offer");
   for (const message::LentTensor& l : frame.lent) {
     at::Tensor& t = frame.message.tensors[l.index];
+    if (t.nbytes() >= message::receive_buffers::kMinBytes) {
+      message::receive_buffers::populate(static_cast<char*>(t.data_ptr()), t.nbytes());
+    }
     if (common::Error err = same_host::copy(peerPid_, l.address, t.data_ptr(), t.nbytes())) {
       return common::Error(err.code(), "could not copy lent tensor #" + std::to_string(l.index) + ": " + err.what());
     }
@@ -237,10 +308,13 @@ bool Connection::acceptsWithoutWaiting(uint64_t bytes) const {
 }
 
 void Connection::updateInterestLocked() {
-  bool want = authenticated_ && !queue_.empty();
-  if (want != wantWrite_ && token_ != 0 && !closed_) {
-    wantWrite_ = want;
-    loop_.modify(fd_, token_, EPOLLIN | EPOLLRDHUP | (want ? EPOLLOUT : 0u));
+  wantWrite_ = authenticated_ && !queue_.empty();
+  // Paused, it hears of a hang-up through EPOLLHUP / EPOLLERR, which epoll
+  // always reports.
+  uint32_t events = (readPaused_ ? 0u : (EPOLLIN | EPOLLRDHUP)) | (wantWrite_ ? EPOLLOUT : 0u);
+  if (events != interest_ && token_ != 0 && !closed_) {
+    interest_ = events;
+    loop_.modify(fd_, token_, events);
   }
 }
 
@@ -267,19 +341,35 @@ common::Error Connection::flushLocked() {
   return common::Error();
 }
 
-common::Error Connection::send(message::Message&& message, std::chrono::steady_clock::time_point deadline) {
+common::Error Connection::send(message::Message&& message, std::chrono::steady_clock::time_point deadline,
+                               Ticket answers, bool mayWait) {
+  const bool request = message::isRequest(message.type);
+  const bool waitsNever = answers != nullptr;
   Pending p;
+  p.answers = std::move(answers);
   try {
     p.frame = message::encodeFrame(std::move(message), lendFrom_.load());
   } catch (const c10::Error& e) {
     return common::Error(common::Error::Code::kInvalid, e.what_without_backtrace());
   }
   p.total = p.frame.totalBytes();
+  uint64_t declared = p.frame.prefix.size() - sizeof(message::FrameHeader);
+  for (const auto& t : p.frame.tensors) declared += t.nbytes();
+  for (const auto& t : p.frame.lent) declared += t.nbytes();
+  if (declared > limits_.maxFrameBytes) {
+    // The peer would close the connection on it (assuming the job's workers
+    // share their options): refuse it here, as the sender's mistake.
+    return common::Error(common::Error::Code::kInvalid,
+                         "the message is " + std::to_string(declared) + " bytes; workers accept at most " +
+                             std::to_string(limits_.maxFrameBytes) + " per message (RpcOptions(max_message_bytes=...))");
+  }
   common::Error writeError;
   {
     std::unique_lock<std::mutex> lock(mutex_);
     if (closed_) return common::Error(common::Error::Code::kClosed, "connection " + description_ + " is closed (" + closeReason_ + ")");
     queuedBytes_ += p.total;
+    // Silence counts from the first request awaiting a response, not from the last idle exchange.
+    if (request && awaiting_.fetch_add(1) <= 0) heard();
     if (!p.frame.lent.empty()) {  // before the frame is written: the peer releases it after
       for (const auto& t : p.frame.lent) lentBytes_ += t.nbytes();
       lent_.push_back(std::move(p.frame.lent));
@@ -288,7 +378,7 @@ common::Error Connection::send(message::Message&& message, std::chrono::steady_c
     if (queue_.size() == 1 && authenticated_) writeError = flushLocked();
     if (!writeError) {
       updateInterestLocked();
-      if (!loop_.inLoop()) {
+      if (mayWait && !waitsNever && !loop_.inLoop()) {
         while (queuedBytes_ + lentBytes_ > kMaxQueuedBytes && !closed_) {
           if (drained_.wait_until(lock, deadline) == std::cv_status::timeout) {
             return common::Error(common::Error::Code::kTimeout, "the peer did not read " + std::to_string(queuedBytes_) +
@@ -332,6 +422,8 @@ void Connection::closeFromLoop(const std::string& reason) {
     lentBytes_ = 0;
     drained_.notify_all();
   }
+  parked_.clear();
+  parkedBytes_ = 0;
   if (token_ != 0) {
     loop_.remove(fd_, token_);
   }
@@ -344,29 +436,97 @@ void Connection::closeFromLoop(const std::string& reason) {
 
 void Connection::handleEventsFromLoop(uint32_t events) {
   if (closeFired_) return;
-  if ((events & EPOLLOUT) && authenticated_) {
-    common::Error err;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      err = flushLocked();
-      if (queuedBytes_ <= kMaxQueuedBytes) drained_.notify_all();
-      updateInterestLocked();
+  // A bad connection closes alone: nothing it does may throw into the loop.
+  try {
+    if ((events & EPOLLOUT) && authenticated_) {
+      common::Error err;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        const uint64_t before = queuedBytes_;
+        err = flushLocked();
+        if (queuedBytes_ < before) heard();  // the peer is draining our backlog
+        if (queuedBytes_ <= kMaxQueuedBytes) drained_.notify_all();
+        updateInterestLocked();
+      }
+      if (err) {
+        closeFromLoop(err.what());
+        return;
+      }
     }
-    if (err) {
-      closeFromLoop(err.what());
+    if (readPaused_ && (events & (EPOLLHUP | EPOLLERR))) {
+      closeFromLoop("connection reset by the peer");
       return;
     }
+    if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+      readFromLoop();
+    }
+  } catch (const std::exception& e) {
+    TORCHRPC_WARN(workerName_, "closing " << description_ << ": " << e.what());
+    closeFromLoop(std::string("internal error: ") + e.what());
   }
-  if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
-    readFromLoop();
+}
+
+void Connection::ticketReturned(uint64_t bytes) {
+  ticketsOut_.fetch_sub(1);
+  ticketBytesOut_.fetch_sub(bytes);
+  // Only parked requests or a paused read wait for it; admit on the loop.
+  if (admitQueued_.exchange(true)) return;
+  std::weak_ptr<Connection> weak = weak_from_this();
+  loop_.defer([weak] {
+    if (auto self = weak.lock()) {
+      self->admitQueued_.store(false);
+      if (!self->closeFired_) self->admitFromLoop();
+    }
+  });
+}
+
+bool Connection::overReadCapsFromLoop() const {
+  return parked_.size() >= kParkedPerCall * limits_.maxCallsInFlight ||
+         ticketBytesOut_.load() + parkedBytes_ >= limits_.maxPeerBytes;
+}
+
+void Connection::admitFromLoop() {
+  while (!parked_.empty() && ticketsOut_.load() < limits_.maxCallsInFlight) {
+    Parked p = std::move(parked_.front());
+    parked_.pop_front();
+    parkedBytes_ -= p.bytes;
+    ticketsOut_.fetch_add(1);
+    ticketBytesOut_.fetch_add(p.bytes);
+    onMessage_(shared_from_this(), std::move(p.message), std::make_shared<RequestTicket>(weak_from_this(), p.bytes));
   }
+  const bool paused = overReadCapsFromLoop();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (paused != readPaused_) {
+    readPaused_ = paused;
+    updateInterestLocked();
+  }
+}
+
+void Connection::deliverFromLoop(message::ReceivedFrame&& f) {
+  const message::MessageType type = f.message.type;
+  if (type == message::MessageType::kPing) {
+    sendControl(message::MessageType::kPong, "");
+    return;
+  }
+  if (type == message::MessageType::kPong) return;
+  if (message::isResponse(type) && awaiting_.fetch_sub(1) <= 0) awaiting_.fetch_add(1);
+  if (!message::isRequest(type)) {
+    onMessage_(shared_from_this(), std::move(f.message), nullptr);
+    return;
+  }
+  // Requests: in order, as tickets allow.
+  const uint64_t bytes = messageBytes(f.message);
+  parked_.push_back({std::move(f.message), bytes});
+  parkedBytes_ += bytes;
+  admitFromLoop();
 }
 
 void Connection::readFromLoop() {
   if (!authenticated_ && !handshakeFromLoop()) return;
   size_t total = 0;
   std::string closeReason;
-  while (total < kMaxReadPerEvent) {
+  uint64_t copiedFrames = 0;
+  while (total < kMaxReadPerEvent && !readPaused_) {
     ssize_t r;
     auto direct = reader_.directReadRegion();
     bool useDirect = direct && direct->second >= kDirectReadThreshold;
@@ -390,36 +550,36 @@ void Connection::readFromLoop() {
       }
       break;
     }
+    heard();
     total += static_cast<size_t>(r);
     if (useDirect) {
       reader_.commitDirectRead(static_cast<size_t>(r));
     } else {
       reader_.consume(readBuffer_.get(), static_cast<size_t>(r));
     }
-    if (!reader_.error().empty()) {
-      closeReason = "malformed frame: " + reader_.error();
+    // Deliver what arrived completely before acting on an error; requests
+    // count against the caps at once, which may pause this loop.
+    for (message::ReceivedFrame& f : reader_.takeFrames()) {
+      common::Error err;
+      if (lendFrame(f.message.type)) {
+        err = onLendFrame(f.message);
+        if (!err) continue;
+      } else if (!f.lent.empty()) {
+        err = copyLent(f);
+        if (!err) ++copiedFrames;
+      }
+      if (err) {
+        closeReason = err.what();
+        break;
+      }
+      deliverFromLoop(std::move(f));
+      if (closeFired_) return;
+    }
+    if (closeReason.empty() && !reader_.error().empty()) closeReason = "malformed frame: " + reader_.error();
+    if (!closeReason.empty()) {
       TORCHRPC_WARN(workerName_, "closing " << description_ << ": " << closeReason);
       break;
     }
-  }
-  // Deliver what arrived completely before acting on a close.
-  auto self = shared_from_this();
-  uint64_t copiedFrames = 0;
-  for (message::ReceivedFrame& f : reader_.takeFrames()) {
-    const bool control = lendFrame(f.message.type);
-    common::Error err;
-    if (control) {
-      err = onLendFrame(f.message);
-    } else if (!f.lent.empty()) {
-      err = copyLent(f);
-      if (!err) ++copiedFrames;
-    }
-    if (err) {
-      closeReason = err.what();
-      TORCHRPC_WARN(workerName_, "closing " << description_ << ": " << closeReason);
-      break;
-    }
-    if (!control) onMessage_(self, std::move(f.message));
   }
   if (copiedFrames > 0) {
     sendControl(message::MessageType::kLendRelease,

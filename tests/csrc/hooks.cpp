@@ -43,9 +43,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return py::bytes(out);
       },
       py::arg("type"), py::arg("id"), py::arg("payload"), py::arg("tensors"), py::arg("lend_from") = 0);
-  m.def("parse_frames", [](py::bytes data, size_t chunk) {
+  m.def("parse_frames", [](py::bytes data, size_t chunk, uint64_t maxFrameBytes) {
     std::string bytes(data);
-    torchrpc::message::FrameReader reader;
+    torchrpc::message::FrameReader reader(maxFrameBytes);
     size_t pos = 0;
     while (pos < bytes.size() && reader.error().empty()) {
       size_t n = std::min(std::max<size_t>(chunk, 1), bytes.size() - pos);
@@ -67,6 +67,28 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       messages.append(py::make_tuple(static_cast<int>(msg.type), msg.id, py::bytes(msg.payload), msg.tensors, lent));
     }
     return py::make_tuple(messages, reader.error(), reader.midFrame());
+  }, py::arg("data"), py::arg("chunk"), py::arg("max_frame_bytes") = torchrpc::message::kDefaultMaxFrameBytes);
+  // Feeds `data` (a frame's start) to a reader and keeps it, mid-frame, for
+  // `seconds` of a test's measurements: what does a declaration alone cost?
+  m.def("hold_partial_frame", [](py::bytes data) {
+    auto reader = std::make_shared<torchrpc::message::FrameReader>();
+    std::string bytes(data);
+    size_t pos = 0;
+    while (pos < bytes.size()) {
+      auto direct = reader->directReadRegion();
+      if (direct) {
+        size_t n = std::min(direct->second, bytes.size() - pos);
+        std::memcpy(direct->first, bytes.data() + pos, n);
+        reader->commitDirectRead(n);
+        pos += n;
+      } else {
+        pos += reader->consume(bytes.data() + pos, bytes.size() - pos);
+      }
+      if (!reader->error().empty()) break;
+    }
+    return py::make_tuple(py::capsule(new std::shared_ptr<torchrpc::message::FrameReader>(reader), [](void* p) {
+      delete static_cast<std::shared_ptr<torchrpc::message::FrameReader>*>(p);
+    }), reader->error());
   });
 
   // Distributed autograd's binary messages (autograd/autograd_messages.h).

@@ -17,6 +17,7 @@ before a hung test times out.
 
 import contextlib
 import faulthandler
+import json
 import os
 import shutil
 import signal
@@ -71,10 +72,11 @@ class Cluster:
             torch.distributed.rpc does (its BackendType and options class).
         secret: the job's secret (bytes), for tests that speak the wire
             themselves; None lets rank 0 make one.
+        options: more RpcOptions keyword arguments (JSON values) for every rank.
     """
 
     def __init__(self, world_size, *, init="tcp", threads=4, rpc_timeout=30.0, programs=None, worker_env=None,
-                 upstream_spelling=False, secret=None):
+                 upstream_spelling=False, secret=None, options=None):
         self.world_size = world_size
         self.names = [f"worker{r}" for r in range(world_size)]
         self.threads = threads
@@ -89,6 +91,7 @@ class Cluster:
         self.worker_env = worker_env or {}  # rank -> extra environment of that worker
         self.upstream_spelling = upstream_spelling
         self.secret = secret
+        self.options = dict(options or {})
         port = free_port()
         self.port = port
         # how this process joins (init_rpc keyword arguments), and how workers do
@@ -119,7 +122,7 @@ class Cluster:
 
     def __enter__(self):
         _live.add(self)
-        options = dict(num_worker_threads=self.threads, rpc_timeout=self.rpc_timeout, init_timeout=60)
+        options = dict(num_worker_threads=self.threads, rpc_timeout=self.rpc_timeout, init_timeout=60, **self.options)
         secret_env = {}
         if self.secret is not None:
             options["secret"] = self.secret
@@ -136,8 +139,11 @@ class Cluster:
             if rank in self.programs:
                 cmd = self.programs[rank](self.port)
             else:
+                extra = list(self.worker_args)
+                if self.options:
+                    extra += ["--options", json.dumps(self.options)]
                 cmd = worker_command(rank, self.world_size, self.init_method or "env://",
-                                     threads=self.threads, extra=self.worker_args)
+                                     threads=self.threads, extra=extra)
             self.procs[rank] = spawn(cmd, self.log_path(rank),
                                      env=dict(self.env, RANK=str(rank), **secret_env, **self.worker_env.get(rank, {})))
         try:

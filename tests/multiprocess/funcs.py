@@ -425,3 +425,35 @@ def call_many(to, n, iterations):
     for _ in range(n):
         rpc.rpc_sync(to, busy, args=(iterations,))
     return n / (time.perf_counter() - started)
+
+
+_running = {"now": 0, "most": 0}
+_running_lock = threading.Lock()
+
+
+def sleep_counting(seconds):
+    """Sleeps, counting how many such calls run at once on this worker."""
+    with _running_lock:
+        _running["now"] += 1
+        _running["most"] = max(_running["most"], _running["now"])
+    time.sleep(seconds)
+    with _running_lock:
+        _running["now"] -= 1
+
+
+def most_running(reset=False):
+    """The most sleep_counting calls that ran at once here (then 0 if reset)."""
+    with _running_lock:
+        most = _running["most"]
+        if reset:
+            _running["most"] = 0
+        return most
+
+
+def call_back_and_sleep(to, seconds):
+    """A nested call to `to` (which sleeps there), made while this one runs."""
+    return rpc.rpc_sync(to, sleep, args=(seconds,))
+
+
+def zeros(numel):
+    return torch.zeros(numel)

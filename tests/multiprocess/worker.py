@@ -4,6 +4,7 @@ tests hand to its main thread (see funcs.on_main) until told to stop."""
 import argparse
 import ctypes
 import faulthandler
+import json
 import signal
 import sys
 
@@ -21,6 +22,7 @@ def main():
     parser.add_argument("--name", required=True)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--store", help="HOST:PORT of a TCPStore to join (instead of --init-method)")
+    parser.add_argument("--options", default="{}", help="more RpcOptions keyword arguments, as JSON")
     parser.add_argument("--idle-limit", type=float, default=900.0,
                         help="exit with an error after this many seconds without a stop")
     args = parser.parse_args()
@@ -31,7 +33,7 @@ def main():
     import torchrpc as rpc
     from tests.multiprocess import funcs, rref_funcs  # noqa: F401  (registers their names)
 
-    options = dict(num_worker_threads=args.threads, init_timeout=60)
+    options = dict(num_worker_threads=args.threads, init_timeout=60, **json.loads(args.options))
     if args.store:
         import torch.distributed as dist
 

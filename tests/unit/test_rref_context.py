@@ -13,10 +13,18 @@ from torchrpc import python_fallback
 from torchrpc._extension import native
 
 
+def agent_options(C, name, rank, world_size):
+    o = C.AgentOptions()
+    o.name, o.rank, o.world_size = name, rank, world_size
+    o.num_worker_threads, o.rpc_timeout = 2, 10.0
+    o.listen_host, o.host_id = "127.0.0.1", "test-host"
+    return o
+
+
 class World:
     def __init__(self, n):
         C = native()
-        self.agents = [C.Agent(f"w{r}", r, n, 2, 10.0, "127.0.0.1", "test-host") for r in range(n)]
+        self.agents = [C.Agent(agent_options(C, f"w{r}", r, n)) for r in range(n)]
         addresses = [a.listen() for a in self.agents]
         peers = [(f"w{r}", r, tcp, unix, "test-host") for r, (tcp, unix) in enumerate(addresses)]
         for a in self.agents:

@@ -22,14 +22,14 @@ def frame(payload=b"", tensors=(), type_=SCRIPT_RET, id_=7, lend_from=0):
     return hooks().encode_frame(type_, id_, payload, list(tensors), lend_from)
 
 
-def parse_with_lent(data, chunk=1 << 20):
+def parse_with_lent(data, chunk=1 << 20, **limits):
     """(messages as (type, id, payload, tensors, lent), error, mid-frame)."""
-    return hooks().parse_frames(data, chunk)
+    return hooks().parse_frames(data, chunk, **limits)
 
 
-def parse(data, chunk=1 << 20):
+def parse(data, chunk=1 << 20, **limits):
     """(messages as (type, id, payload, tensors), error, mid-frame): no lent tensors."""
-    messages, error, mid = parse_with_lent(data, chunk)
+    messages, error, mid = parse_with_lent(data, chunk, **limits)
     assert all(not m[4] for m in messages)
     return [m[:4] for m in messages], error, mid
 
@@ -121,6 +121,54 @@ def test_bad_tensor_descriptors_are_rejected():
     for data, message in cases:
         messages, error, _ = parse(bytes(data))
         assert messages == [] and message in error, (message, error)
+
+
+def test_a_frame_over_the_message_cap_is_refused_before_allocation():
+    # Payload and tensors count together; the error names the option to raise.
+    data = frame(b"x" * 100, [torch.ones(100)])
+    assert parse(data, max_frame_bytes=len(data))[1] == ""
+    messages, error, _ = parse(data, max_frame_bytes=200)
+    assert messages == [] and "declares at least" in error and "max_message_bytes" in error
+    # A declared payload alone is refused from the header, before its bytes come.
+    messages, error, _ = parse(corrupt(frame(b"p"), payload=1 << 30)[:32], max_frame_bytes=1 << 20)
+    assert messages == [] and "max_message_bytes" in error
+
+
+def rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def declare_float_tensor(numel, id_=7):
+    """A frame's header and descriptor for one float32 tensor of numel elements (no data)."""
+    desc = struct.pack("<BBHIqQ", 6, 1, 0, 0, numel, numel * 4)  # float32, 1 dim, no flags
+    return HEADER.pack(MAGIC, 2, SCRIPT_RET, id_, 0, 1, len(desc)) + desc
+
+
+def test_a_declared_tensor_costs_memory_only_as_its_bytes_arrive():
+    # A 1 GiB tensor declared, 32 MiB of it sent: the reader holds about what
+    # arrived, not the declaration (the rest is never faulted in).
+    sent = declare_float_tensor(1 << 28) + b"\0" * (32 << 20)
+    before = rss_bytes()
+    held, error = hooks().hold_partial_frame(sent)
+    grown = rss_bytes() - before
+    assert error == ""
+    assert grown < 200 << 20, f"holding a 1 GiB declaration with 32 MiB sent grew RSS by {grown >> 20} MiB"
+    del held
+
+
+def overcommit_mode():
+    with open("/proc/sys/vm/overcommit_memory") as f:
+        return f.read().strip()
+
+
+@pytest.mark.skipif(overcommit_mode() == "1",
+                    reason="vm.overcommit_memory=1: any mapping succeeds, so none fails to test")
+def test_an_allocation_that_fails_is_an_error_of_the_stream():
+    # 512 GiB declared under a cap that allows it, and its first byte sent: the
+    # memory cannot be had, and the reader says so instead of throwing.
+    messages, error, _ = parse(declare_float_tensor(1 << 37) + b"\0", max_frame_bytes=1 << 50)
+    assert messages == [] and "cannot allocate" in error
 
 
 def test_good_frames_before_a_bad_one_are_delivered():
