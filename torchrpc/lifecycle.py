@@ -65,7 +65,7 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
         try:
             worker = native().Worker(name, rank, world_size, options.num_worker_threads, options.rpc_timeout,
                                      rendezvous.listen_host(options.init_method), rendezvous.host_id(), store,
-                                     options.secret or b"", before_serving)
+                                     options.secret or b"", before_serving, options.callee_policy())
         except BaseException:
             state.clear()  # the Worker stopped what it had started
             raise

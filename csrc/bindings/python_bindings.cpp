@@ -8,6 +8,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <optional>
+#include <tuple>
 
 #include "agent/agent.h"
 #include "autograd/context.h"
@@ -180,6 +181,19 @@ torchrpc::agent::AgentOptions agentOptions(const std::string& name, int rank, in
   return o;
 }
 
+// RpcOptions' callee policy: (script_only, allowed_callables or None,
+// allow_import_by_name, allow_shipped_code).
+torchrpc::script_dispatch::CalleePolicy calleePolicy(
+    const std::tuple<bool, std::optional<std::vector<std::string>>, bool, bool>& options) {
+  const auto& [scriptOnly, allowed, importByName, shippedCode] = options;
+  torchrpc::script_dispatch::CalleePolicy p;
+  p.scriptOnly = scriptOnly;
+  if (allowed) p.allowedCallables.emplace(allowed->begin(), allowed->end());
+  p.importByName = importByName;
+  p.shippedCode = shippedCode;
+  return p;
+}
+
 // Sends; a call refused before anything was sent raises (ValueError).
 Call send(Agent& agent, int dst, Message&& m, double timeout, const std::string& kind, const std::string& function) {
   std::optional<py::gil_scoped_release> nogil;
@@ -212,8 +226,10 @@ PYBIND11_MODULE(_C, m) {
   py::class_<torchrpc::worker::Worker, std::shared_ptr<torchrpc::worker::Worker>>(m, "Worker")
       .def(py::init([](const std::string& name, int rank, int worldSize, size_t numThreads, double rpcTimeout,
                        const std::string& listenHost, const std::string& hostId, const py::object& store,
-                       const py::bytes& secret, py::object beforeServing) {
+                       const py::bytes& secret, py::object beforeServing,
+                       const std::tuple<bool, std::optional<std::vector<std::string>>, bool, bool>& policy) {
              auto o = agentOptions(name, rank, worldSize, numThreads, rpcTimeout, listenHost, hostId, secret);
+             o.policy = calleePolicy(policy);
              auto s = py::cast<c10::intrusive_ptr<c10d::Store>>(store);
              auto hook = pf::sharedPyObject(std::move(beforeServing));
              py::gil_scoped_release nogil;  // the rendezvous waits for the whole job
@@ -224,7 +240,7 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("name"), py::arg("rank"), py::arg("world_size"), py::arg("num_worker_threads"),
            py::arg("rpc_timeout"), py::arg("listen_host"), py::arg("host_id"), py::arg("store"), py::arg("secret"),
-           py::arg("before_serving"))
+           py::arg("before_serving"), py::arg("policy") = std::make_tuple(false, py::none(), true, true))
       .def_property_readonly("agent", [](const torchrpc::worker::Worker& w) { return w.agentPtr(); })
       .def_property_readonly("rrefs", [](const torchrpc::worker::Worker& w) { return w.rrefs(); })
       // (None or the error tuple of why the graceful part failed, leaked owner RRefs)
@@ -268,6 +284,14 @@ PYBIND11_MODULE(_C, m) {
            py::arg("name"), py::arg("rank"), py::arg("world_size"), py::arg("num_worker_threads"),
            py::arg("rpc_timeout"), py::arg("listen_host"), py::arg("host_id"), py::arg("secret") = py::bytes())
       .def("listen", &Agent::listen)
+      // The refusal message of running the Python callable `name` (not in
+      // allowed_callables), or None.
+      .def("callable_refusal",
+           [](const Agent& a, const std::string& name) -> std::optional<std::string> {
+             auto refused = a.options().policy.refuseCallable(name, a.options().name);
+             if (!refused) return std::nullopt;
+             return refused->message;
+           })
       // (name, rank, tcp address, unix address, host id) by rank, once set.
       .def("peers",
            [](const Agent& a) {
