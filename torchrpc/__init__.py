@@ -18,6 +18,7 @@ from torchrpc.api import (
     shutdown,
 )
 from torchrpc.errors import (
+    CalleePolicyError,
     NotInitializedError,
     PeerUnreachableError,
     RemoteError,
@@ -36,6 +37,7 @@ RpcBackendOptions = RpcOptions
 
 __all__ = [
     "BackendType",
+    "CalleePolicyError",
     "NotInitializedError",
     "PeerUnreachableError",
     "RRef",

@@ -15,7 +15,7 @@ import functools
 
 import torch
 
-from torchrpc import constants, python_fallback, shipped_code, state
+from torchrpc import constants, errors, python_fallback, shipped_code, state
 from torchrpc._extension import native
 from torchrpc.invocation import Invocation
 
@@ -178,6 +178,15 @@ class _Python(_Callee):
     decode = staticmethod(python_fallback.decode_result)
 
     def build(self, call_kind, dst, args, kwargs, remote, again):
+        session = state.require()
+        if session.options.script_only:
+            # Its result would come back pickled, which this worker refuses to unpickle.
+            raise errors.CalleePolicyError(
+                f"{call_kind} of {python_fallback.function_name(self.target)!r} refused on {session.me.name}: "
+                "it is not TorchScript, so it would travel as a pickle and its result come back as one, and "
+                f"{session.me.name} runs with RpcOptions(script_only=True), which sends and takes no pickle; "
+                "decorate it with @torch.jit.script or call a builtin"
+            )
         payload, tensors, name, forks = python_fallback.encode_call(
             self.target, dst.id, args, kwargs, force_full=again or remote, request=not remote)
         return native().python_message(payload, tensors), name, forks

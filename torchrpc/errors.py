@@ -46,6 +46,16 @@ class UnknownFunctionError(RpcError, LookupError):
     REMOTE_TYPE = "torchrpc.errors.UnknownFunctionError"  # as callees report it
 
 
+class CalleePolicyError(RpcError, PermissionError):
+    """A worker's callee policy (``RpcOptions`` script_only,
+    allowed_callables, allow_import_by_name, allow_shipped_code) refused a
+    call: the callee would not run it, or this worker would not send it or
+    take its pickled result. The message says what was refused, by which
+    worker and which option; see docs/threat-model.md."""
+
+    REMOTE_TYPE = "torchrpc.errors.CalleePolicyError"  # as callees report it
+
+
 class NotInitializedError(RpcError):
     """A torchrpc function was used before init_rpc() or after shutdown()."""
 

@@ -77,6 +77,7 @@ def _agent_options(name, rank, world_size, options):
     o.listen_host = rendezvous.listen_host(options.init_method)
     o.host_id = rendezvous.host_id()
     o.secret = options.secret or b""
+    o.callee_policy = options.callee_policy()
     for field in ("num_worker_threads", "rpc_timeout", "max_message_bytes", "max_peer_bytes", "max_calls_in_flight",
                   "heartbeat_timeout"):
         setattr(o, field, getattr(options, field))

@@ -57,6 +57,29 @@ class RpcOptions:
             ``0`` turns heartbeats off). It detects a stopped (SIGSTOP), hung
             or partitioned peer even for calls without a timeout; a peer that
             is merely busy answers heartbeats from its I/O thread.
+        script_only (bool): run no pickle, either way (default False). As a
+            callee, this worker refuses every request it would unpickle or
+            run Python for (Python callables, their ``remote()``, methods of
+            an RRef's Python value); as a caller, it refuses to send a Python
+            callable and refuses a pickled result (``PYTHON_RET``) from any
+            peer. TorchScript functions and builtins keep working.
+        allowed_callables (iterable of str): the only callables peers may run
+            here, by name: builtins by operator (``"aten::add"``, every
+            overload; ``"aten::add.Tensor"``, that one), TorchScript functions
+            by the name they are called by (``torchrpc.register``'s, or the
+            qualified name), Python functions by ``"module.qualname"`` and
+            methods of an RRef's Python value by ``"module.Class.method"``.
+            Setting it also refuses shipped code (its code is the caller's,
+            whatever its name). ``None`` (default) allows everything. A
+            Python call's arguments are unpickled before its name is
+            checked: only ``script_only`` keeps a peer's pickle from running.
+        allow_import_by_name (bool): whether a TorchScript call naming a
+            function nobody registered here is resolved by its qualified
+            name, importing its module (default True). If False, only
+            functions given to ``torchrpc.register`` (and shipped code) run.
+        allow_shipped_code (bool): whether TorchScript code a caller sends
+            (for a function this worker lacks) is compiled and run here
+            (default True).
         device_maps, devices: ``TensorPipeRpcBackendOptions``' CUDA device
             maps. torchrpc sends CPU tensors only: ``None`` or empty, else
             ValueError.
@@ -70,10 +93,14 @@ class RpcOptions:
         >>> opts = torchrpc.RpcOptions(num_worker_threads=8, rpc_timeout=20)
         >>> opts.rpc_timeout
         20.0
+        >>> strict = torchrpc.RpcOptions(script_only=True, allowed_callables=["aten::add", "my.score"])
+        >>> sorted(strict.allowed_callables)
+        ['aten::add', 'my.score']
     """
 
     _FIELDS = ("num_worker_threads", "rpc_timeout", "init_method", "store", "init_timeout", "max_message_bytes",
-               "max_peer_bytes", "max_calls_in_flight", "heartbeat_timeout")
+               "max_peer_bytes", "max_calls_in_flight", "heartbeat_timeout", "script_only", "allowed_callables",
+               "allow_import_by_name", "allow_shipped_code")
 
     def __init__(
         self,
@@ -88,6 +115,10 @@ class RpcOptions:
         max_peer_bytes=constants.DEFAULT_MAX_PEER_BYTES,
         max_calls_in_flight=constants.DEFAULT_MAX_CALLS_IN_FLIGHT,
         heartbeat_timeout=None,
+        script_only=False,
+        allowed_callables=None,
+        allow_import_by_name=True,
+        allow_shipped_code=True,
         device_maps=None,
         devices=None,
         _transports=None,
@@ -126,6 +157,10 @@ class RpcOptions:
         if secret is not None and len(secret) < 16:
             raise ValueError(f"RpcOptions(secret=...) needs at least 16 bytes; got {len(secret)}")
         self.secret = bytes(secret) if secret is not None else None
+        self.script_only = _flag("script_only", script_only)
+        self.allowed_callables = _callable_names(allowed_callables)
+        self.allow_import_by_name = _flag("allow_import_by_name", allow_import_by_name)
+        self.allow_shipped_code = _flag("allow_shipped_code", allow_shipped_code)
         self.device_maps = _cpu_only(f"RpcOptions(device_maps={device_maps!r})", device_maps, dict)
         self.devices = _cpu_only(f"RpcOptions(devices={devices!r})", devices, list)
         for name, value in (("_transports", _transports), ("_channels", _channels)):
@@ -145,6 +180,13 @@ class RpcOptions:
     def __repr__(self):
         fields = ", ".join(f"{f}={getattr(self, f)!r}" for f in self._FIELDS if f != "store")
         return f"RpcOptions({fields})"
+
+    def callee_policy(self):
+        """The policy as the native Worker takes it: (script_only,
+        allowed_callables as a sorted list or None, allow_import_by_name,
+        allow_shipped_code)."""
+        allowed = None if self.allowed_callables is None else sorted(self.allowed_callables)
+        return (self.script_only, allowed, self.allow_import_by_name, self.allow_shipped_code)
 
     @classmethod
     def coerce(cls, options):
@@ -180,6 +222,30 @@ def _seconds(name, value):
     if value < 0:
         raise ValueError(f"RpcOptions({name}=...) must be >= 0 (0 means no timeout); got {value}")
     return float(value)
+
+
+def _flag(name, value):
+    if not isinstance(value, bool):
+        raise TypeError(f"RpcOptions({name}=...) expects True or False; got {type(value).__name__}")
+    return value
+
+
+def _callable_names(names):
+    """allowed_callables as a frozenset of names, or None."""
+    if names is None:
+        return None
+    if isinstance(names, (str, bytes)) or not hasattr(names, "__iter__"):
+        raise TypeError(
+            "RpcOptions(allowed_callables=...) expects a list of names (str), e.g. ['aten::add', 'mymodule.f'], "
+            f"or None; got {type(names).__name__}"
+        )
+    names = list(names)
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"RpcOptions(allowed_callables=...) expects names (str); got {type(name).__name__} {name!r}")
+        if not name or name != name.strip():
+            raise ValueError(f"RpcOptions(allowed_callables=...): {name!r} is not a name (empty, or with spaces around)")
+    return frozenset(names)
 
 
 def _cpu_only(call, value, kind):

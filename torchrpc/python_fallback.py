@@ -339,6 +339,9 @@ def handle_method(obj, name, args, kwargs):
     plain result as an IValue and pickles any other (encode_value(result,
     label)); or ("err", ...), or ("async", future) as handle_call does."""
     label = f"{type(obj).__qualname__}.{name}"
+    why = method_refusal(obj, name)
+    if why is not None:
+        return ("err", errors.CalleePolicyError.REMOTE_TYPE, why, "", label)
     try:
         method = getattr(obj, name)
         result = method(*args, **kwargs)
@@ -376,8 +379,38 @@ def encode_value(value, name="<value>"):
     return ("ok", out, out_tensors)
 
 
+# The functions that run a method of an RRef's value for a proxy whose call
+# was pickled (torchrpc.rref adds its runner): allowed_callables is checked
+# against that method (method_refusal), not against them.
+method_runners = []
+
+
+def _refusal(name):
+    """Why RpcOptions(allowed_callables=...) of this worker refuses the Python
+    callable `name` ("module.qualname"), or None."""
+    session = state.current()
+    if session is None or session.options.allowed_callables is None:
+        return None
+    return session.agent.callable_refusal(name)
+
+
+def method_refusal(obj, name):
+    """Why allowed_callables refuses the method obj.name, named
+    "module.Class.method", or None."""
+    cls = type(obj)
+    return _refusal(f"{cls.__module__}.{cls.__qualname__}.{name}")
+
+
+def _qualified_name(fn):
+    """'module.qualname' of a loaded callee, as allowed_callables names it."""
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{getattr(fn, '__module__', None) or type(fn).__module__}.{name}"
+
+
 def _run(payload, tensors):
-    """Unpickles and runs a call: ("ok", result, name, function) or ("err", ...)."""
+    """Unpickles and runs a call: ("ok", result, name, function) or ("err", ...).
+    With an allowlist, the loaded function's own name (not the one the caller
+    gives) is checked before it runs."""
     name = "<python call>"
     try:
         digest, data, name, args, kwargs = loads(payload, tensors)
@@ -394,6 +427,9 @@ def _run(payload, tensors):
                 return ("err", errors.UnknownFunctionError.REMOTE_TYPE, f"function {name!r} is not cached here", "", name)
             if isinstance(fn, bytes):
                 fn = _load_function(fn)
+        why = None if any(fn is runner for runner in method_runners) else _refusal(_qualified_name(fn))
+        if why is not None:
+            return ("err", errors.CalleePolicyError.REMOTE_TYPE, why, "", name)
         result = fn(*(args or ()), **(kwargs or {}))
     except BaseException as exc:  # everything the user code raises goes back
         return _error(exc, name)

@@ -281,9 +281,16 @@ except Exception:  # pragma: no cover - the native core failed to load; native()
 def _invoke_method(rref, name, args, kwargs):
     """Runs on the owner: a method of the RRef's value. An @async_execution
     method's future is answered when it completes (rpc_sync/rpc_async proxies)."""
-    method = getattr(rref.local_value(), name)
+    value = rref.local_value()
+    why = python_fallback.method_refusal(value, name)
+    if why is not None:
+        raise errors.CalleePolicyError(why)
+    method = getattr(value, name)
     result = method(*args, **kwargs)
     return functions.Deferred(result) if functions.is_async_execution(method) else result
+
+
+python_fallback.method_runners.append(_invoke_method)
 
 
 def _method_call(call_kind, rref, name, args, kwargs, timeout):

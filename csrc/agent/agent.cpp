@@ -287,6 +287,12 @@ void Agent::onResponse(message::Message&& m, int src, uint64_t connectionId) {
         call->future->markCompleted(message::messageIValue(m));
         return;
       case message::MessageType::kPythonRet: {
+        std::string refused = options_.policy.refuseResponse(m.type, options_.name);
+        if (!refused.empty()) {  // script-only: a peer's pickle is never handed on to be unpickled
+          call->future->setError(common::makeRpcError(common::ErrorKind::kRemote, call->description + ": " + refused,
+                                                      script_dispatch::kPolicyRefusal));
+          return;
+        }
         c10::List<at::Tensor> tensors;
         for (auto& t : m.tensors) tensors.push_back(std::move(t));
         call->future->markCompleted(
@@ -335,9 +341,14 @@ void Agent::dispatch(message::Message&& request, int callerRank, message::Reply 
 void Agent::serve(message::Message&& request, int callerRank, message::Reply reply, const std::shared_ptr<CallScope>& scope) {
   const message::MessageType type = request.type;
   const std::string* what = nullptr;
+  // The one check of a request's kind (callee_policy.h), before any handler decodes it.
+  if (auto refused = options_.policy.refuseRequest(type, options_.name)) {
+    reply.error(*refused);
+    return;
+  }
   try {
     if (type == message::MessageType::kScriptCall || type == message::MessageType::kBuiltinCall) {
-      script_dispatch::run(std::move(request), registry_,
+      script_dispatch::run(std::move(request), registry_, options_.policy,
                            [this, scope](std::function<void()> fn) {
                              if (!scope) {
                                pool_->run(std::move(fn));

@@ -35,6 +35,7 @@
 #include "common/error.h"
 #include "message/message.h"
 #include "message/reply.h"
+#include "script_dispatch/callee_policy.h"
 #include "script_dispatch/registry.h"
 #include "transport/connection.h"
 #include "transport/listener.h"
@@ -51,6 +52,7 @@ struct AgentOptions {
   std::string listenHost{"127.0.0.1"};  // TCP interface to listen on
   std::string hostId;                   // peers with the same id use Unix sockets
   std::string secret;                   // the job's; every connection proves it (auth/handshake.h)
+  script_dispatch::CalleePolicy policy;  // what peers may run here, what is taken back (callee_policy.h)
   transport::Limits limits;             // per connection: caps and heartbeats (connection.h)
   // Open connections, and of them those still in their handshake; beyond
   // either cap an accepted connection is closed at once.

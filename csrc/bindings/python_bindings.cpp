@@ -8,6 +8,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <optional>
+#include <tuple>
 
 #include "agent/agent.h"
 #include "autograd/context.h"
@@ -165,6 +166,19 @@ bool sendMayWait(const Agent& agent, int dst, const Message& m) {
   return bytes > kSmall || !agent.sendsAtOnce(dst, bytes);
 }
 
+// RpcOptions' callee policy: (script_only, allowed_callables or None,
+// allow_import_by_name, allow_shipped_code).
+torchrpc::script_dispatch::CalleePolicy calleePolicy(
+    const std::tuple<bool, std::optional<std::vector<std::string>>, bool, bool>& options) {
+  const auto& [scriptOnly, allowed, importByName, shippedCode] = options;
+  torchrpc::script_dispatch::CalleePolicy p;
+  p.scriptOnly = scriptOnly;
+  if (allowed) p.allowedCallables.emplace(allowed->begin(), allowed->end());
+  p.importByName = importByName;
+  p.shippedCode = shippedCode;
+  return p;
+}
+
 // Sends; a call refused before anything was sent raises (ValueError).
 Call send(Agent& agent, int dst, Message&& m, double timeout, const std::string& kind, const std::string& function) {
   std::optional<py::gil_scoped_release> nogil;
@@ -218,7 +232,20 @@ PYBIND11_MODULE(_C, m) {
           [](torchrpc::agent::AgentOptions& o, size_t v) { o.limits.maxCallsInFlight = v; })
       .def_property(
           "heartbeat_timeout", [](const torchrpc::agent::AgentOptions& o) { return o.limits.heartbeatSeconds; },
-          [](torchrpc::agent::AgentOptions& o, double v) { o.limits.heartbeatSeconds = v; });
+          [](torchrpc::agent::AgentOptions& o, double v) { o.limits.heartbeatSeconds = v; })
+      // Set from RpcOptions.callee_policy(); read back as (script_only, allowed or None, ...).
+      .def_property(
+          "callee_policy",
+          [](const torchrpc::agent::AgentOptions& o) {
+            const auto& p = o.policy;
+            std::optional<std::vector<std::string>> allowed;
+            if (p.allowedCallables) allowed.emplace(p.allowedCallables->begin(), p.allowedCallables->end());
+            return std::make_tuple(p.scriptOnly, allowed, p.importByName, p.shippedCode);
+          },
+          [](torchrpc::agent::AgentOptions& o,
+             const std::tuple<bool, std::optional<std::vector<std::string>>, bool, bool>& policy) {
+            o.policy = calleePolicy(policy);
+          });
 
   // The lifecycle (worker/worker.h). before_serving(agent, rref_context)
   // installs the Python handlers and session before the first call is served.
@@ -271,6 +298,14 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](const torchrpc::agent::AgentOptions& o) { return std::make_shared<Agent>(o); }),
            py::arg("options"))
       .def("listen", &Agent::listen)
+      // The refusal message of running the Python callable `name` (not in
+      // allowed_callables), or None.
+      .def("callable_refusal",
+           [](const Agent& a, const std::string& name) -> std::optional<std::string> {
+             auto refused = a.options().policy.refuseCallable(name, a.options().name);
+             if (!refused) return std::nullopt;
+             return refused->message;
+           })
       // (name, rank, tcp address, unix address, host id) by rank, once set.
       .def("peers",
            [](const Agent& a) {

@@ -55,8 +55,12 @@ void replyWhenDone(c10::intrusive_ptr<c10::ivalue::Future> future, std::string f
   });
 }
 
-void runBuiltin(const std::string& name, torch::jit::Stack stack, Registry& registry, const std::string& worker,
-                const message::Reply& reply) {
+void runBuiltin(const std::string& name, torch::jit::Stack stack, Registry& registry, const CalleePolicy& policy,
+                const std::string& worker, const message::Reply& reply) {
+  if (auto refused = policy.refuseCallable(name, worker, name.substr(0, name.find('.')))) {
+    reply.error(*refused);
+    return;
+  }
   auto op = registry.findOperator(name);
   if (!op) {
     reply.error(message::RemoteException{"RuntimeError",
@@ -86,28 +90,37 @@ message::Message builtinCallMessage(const std::string& schemaName, std::vector<c
                        c10::ivalue::Tuple::create({schemaName, tupleOf(std::move(stack))}));
 }
 
-void run(message::Message&& request, Registry& registry, const TaskLauncher& launcher, const std::string& worker,
-         const message::Reply& reply) {
+void run(message::Message&& request, Registry& registry, const CalleePolicy& policy, const TaskLauncher& launcher,
+         const std::string& worker, const message::Reply& reply) {
   std::string function = "<undecoded call>";
   try {
     auto call = message::messageIValue(request).toTuple();
     const auto& el = call->elements();
     function = el[0].toStringRef();
     if (request.type == message::MessageType::kBuiltinCall) {
-      runBuiltin(function, stackOf(el[1]), registry, worker, reply);
+      runBuiltin(function, stackOf(el[1]), registry, policy, worker, reply);
       return;
     }
     const std::string& moduleHint = el[1].toStringRef();
     const c10::IValue& shipped = el.at(4);
-    auto callee = shipped.isNone() ? registry.find(function, moduleHint)
+    auto refused = shipped.isNone() ? policy.refuseCallable(function, worker)
+                                    : policy.refuseShippedCode(function, worker);
+    if (refused) {
+      reply.error(*refused);
+      return;
+    }
+    auto callee = shipped.isNone() ? registry.find(function, moduleHint, /*resolve=*/policy.importByName)
                                    : shippedCallee(registry, shipped, function, worker);
     if (!callee) {
+      std::string howToFind = policy.importByName
+                                  ? "Import the module that defines it on " + worker +
+                                        (moduleHint.empty() ? "" : " ('" + moduleHint + "')") + ", or call"
+                                  : "It resolves no name that was not registered (RpcOptions(allow_import_by_name="
+                                    "False)): call";
       reply.error(message::RemoteException{
           kUnknownFunction,
-          shipped.isNone() ? "worker " + worker + " has no TorchScript function named '" + function +
-                                 "'. Import the module that defines it on " + worker +
-                                 (moduleHint.empty() ? "" : " ('" + moduleHint + "')") +
-                                 ", or call torchrpc.register(name, fn) there."
+          shipped.isNone() ? "worker " + worker + " has no TorchScript function named '" + function + "'. " +
+                                 howToFind + " torchrpc.register(name, fn) there."
                            : "worker " + worker + " no longer has the shipped code of '" + function + "'",
           "", function, worker});
       return;

@@ -23,6 +23,7 @@
 
 #include "message/message.h"
 #include "message/reply.h"
+#include "script_dispatch/callee_policy.h"
 #include "script_dispatch/registry.h"
 
 namespace torchrpc::script_dispatch {
@@ -38,8 +39,10 @@ message::Message scriptCallMessage(const std::string& name, const std::string& m
 message::Message builtinCallMessage(const std::string& schemaName, std::vector<c10::IValue> stack);
 
 // Runs a SCRIPT_CALL or BUILTIN_CALL and answers `reply` once with the result
-// or the error, possibly later from another thread (async callee).
-void run(message::Message&& request, Registry& registry, const TaskLauncher& launcher,
+// or the error, possibly later from another thread (async callee). `policy`
+// decides which names may run, whether unregistered names are resolved and
+// whether shipped code is compiled.
+void run(message::Message&& request, Registry& registry, const CalleePolicy& policy, const TaskLauncher& launcher,
          const std::string& workerName, const message::Reply& reply);
 
 }  // namespace torchrpc::script_dispatch

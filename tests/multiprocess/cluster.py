@@ -40,7 +40,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def worker_command(rank, world_size, init_method, *, name=None, threads=4, extra=()):
+def worker_command(rank, world_size, init_method, *, name=None, threads=4, options=None, extra=()):
+    if options:
+        extra = (*extra, "--options", json.dumps(options))
     return [
         sys.executable, "-m", "tests.multiprocess.worker",
         "--rank", str(rank), "--world-size", str(world_size),
@@ -72,11 +74,14 @@ class Cluster:
             torch.distributed.rpc does (its BackendType and options class).
         secret: the job's secret (bytes), for tests that speak the wire
             themselves; None lets rank 0 make one.
-        options: more RpcOptions keyword arguments (JSON values) for every rank.
+        worker_options: {rank: {RpcOptions keyword: value}} of some workers
+            (JSON values). Those are stopped with a signal, not a Python call,
+            which their callee policy may refuse.
+        options: {RpcOptions keyword: value} of every rank, this one too.
     """
 
     def __init__(self, world_size, *, init="tcp", threads=4, rpc_timeout=30.0, programs=None, worker_env=None,
-                 upstream_spelling=False, secret=None, options=None):
+                 upstream_spelling=False, secret=None, worker_options=None, options=None):
         self.world_size = world_size
         self.names = [f"worker{r}" for r in range(world_size)]
         self.threads = threads
@@ -92,6 +97,8 @@ class Cluster:
         self.upstream_spelling = upstream_spelling
         self.secret = secret
         self.options = dict(options or {})
+        self.worker_options = {rank: {**self.options, **(worker_options or {}).get(rank, {})}
+                               for rank in range(1, world_size) if self.options or rank in (worker_options or {})}
         port = free_port()
         self.port = port
         # how this process joins (init_rpc keyword arguments), and how workers do
@@ -139,11 +146,8 @@ class Cluster:
             if rank in self.programs:
                 cmd = self.programs[rank](self.port)
             else:
-                extra = list(self.worker_args)
-                if self.options:
-                    extra += ["--options", json.dumps(self.options)]
-                cmd = worker_command(rank, self.world_size, self.init_method or "env://",
-                                     threads=self.threads, extra=extra)
+                cmd = worker_command(rank, self.world_size, self.init_method or "env://", threads=self.threads,
+                                     options=self.worker_options.get(rank), extra=self.worker_args)
             self.procs[rank] = spawn(cmd, self.log_path(rank),
                                      env=dict(self.env, RANK=str(rank), **secret_env, **self.worker_env.get(rank, {})))
         try:
@@ -216,6 +220,9 @@ class Cluster:
         try:
             for rank in alive:
                 if rank in self.programs:
+                    continue
+                if rank in self.worker_options:  # see worker.py: SIGTERM stops it gracefully, SIGUSR2 at once
+                    self.procs[rank].send_signal(signal.SIGTERM if graceful else signal.SIGUSR2)
                     continue
                 try:
                     rpc.rpc_sync(rank, funcs.stop_worker, args=(graceful,), timeout=10)

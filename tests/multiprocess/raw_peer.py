@@ -1,7 +1,7 @@
 """A peer that speaks the wire by hand, for tests of hostile input from a
 member of the job: the connector's side of the handshake
 (csrc/auth/handshake.h), written again here from its description, then
-whatever bytes the test sends."""
+whatever bytes the test sends (whole frames: frame, read_frame)."""
 
 import hashlib
 import hmac
@@ -11,6 +11,17 @@ import struct
 
 MAGIC = 0x48505254  # "TRPH"
 VERSION = 1
+
+
+class TouchesFile:
+    """Unpickling this creates `path` (a shell command): what an attacker
+    would send; the file's absence proves it never ran."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
 
 
 def hello(rank, nonce):
@@ -23,7 +34,7 @@ def _recv_exactly(s, n):
     while len(data) < n:
         chunk = s.recv(n - len(data))
         if not chunk:
-            raise ConnectionError(f"closed after {len(data)} of {n} handshake bytes")
+            raise ConnectionError(f"closed after {len(data)} of {n} bytes")
         data += chunk
     return data
 
@@ -43,3 +54,21 @@ def connect(address, secret, rank, timeout=10):
     assert hmac.compare_digest(their_mac, expected), "the worker's proof does not match the secret"
     s.sendall(hmac.new(secret, b"connector" + nonce + their_nonce + ranks, hashlib.sha256).digest())
     return s
+
+
+FRAME_MAGIC = 0x43505254  # "TRPC", message/wire.h kFrameMagic
+WIRE_VERSION = 2  # message/wire.h kWireVersion
+_FRAME_HEADER = struct.Struct("<IHHQQII")  # magic, version, type, id, payload, tensors, descriptor bytes
+
+
+def frame(type_, request_id, payload):
+    """A frame (message/wire.h) of one message without tensors."""
+    return _FRAME_HEADER.pack(FRAME_MAGIC, WIRE_VERSION, type_, request_id, len(payload), 0, 0) + payload
+
+
+def read_frame(s):
+    """(type, id, payload) of the next frame, which must carry no tensors."""
+    magic, version, type_, request_id, payload_len, num_tensors, desc_len = _FRAME_HEADER.unpack(
+        _recv_exactly(s, _FRAME_HEADER.size))
+    assert (magic, version, num_tensors, desc_len) == (FRAME_MAGIC, WIRE_VERSION, 0, 0)
+    return type_, request_id, _recv_exactly(s, payload_len)

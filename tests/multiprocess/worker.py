@@ -8,6 +8,10 @@ import json
 import signal
 import sys
 
+# What a worker started with --options waits for instead of a stop call (its
+# callee policy may refuse Python calls): SIGTERM stops it gracefully, SIGUSR2 at once.
+_STOP_SIGNALS = {signal.SIGTERM: True, signal.SIGUSR2: False}
+
 
 def _die_with_parent():
     PR_SET_PDEATHSIG = 1
@@ -22,10 +26,14 @@ def main():
     parser.add_argument("--name", required=True)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--store", help="HOST:PORT of a TCPStore to join (instead of --init-method)")
-    parser.add_argument("--options", default="{}", help="more RpcOptions keyword arguments, as JSON")
     parser.add_argument("--idle-limit", type=float, default=900.0,
                         help="exit with an error after this many seconds without a stop")
+    parser.add_argument("--options", type=json.loads, default={},
+                        help="more RpcOptions keywords, as a JSON object; the worker then stops on a signal")
     args = parser.parse_args()
+    if args.options:
+        # Blocked before any thread starts (threads inherit it), so only sigtimedwait takes them.
+        signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     _die_with_parent()
     faulthandler.enable()
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -33,7 +41,7 @@ def main():
     import torchrpc as rpc
     from tests.multiprocess import funcs, rref_funcs  # noqa: F401  (registers their names)
 
-    options = dict(num_worker_threads=args.threads, init_timeout=60, **json.loads(args.options))
+    options = dict(num_worker_threads=args.threads, init_timeout=60, **args.options)
     if args.store:
         import torch.distributed as dist
 
@@ -51,7 +59,11 @@ def main():
     except Exception as exc:
         print(f"{args.name}: init_rpc failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         sys.exit(2)
-    graceful = funcs.serve_main_thread(args.idle_limit)
+    if args.options:
+        got = signal.sigtimedwait(_STOP_SIGNALS, args.idle_limit)
+        graceful = None if got is None else _STOP_SIGNALS[got.si_signo]
+    else:
+        graceful = funcs.serve_main_thread(args.idle_limit)
     if graceful is None:
         print(f"{args.name}: no stop request within {args.idle_limit} s", file=sys.stderr)
         rpc.shutdown(graceful=False)

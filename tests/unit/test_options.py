@@ -30,11 +30,27 @@ def test_timedelta_and_numbers_are_seconds():
         (dict(init_method="http://x"), ValueError, "expected 'env://'"),
         (dict(init_method=3), TypeError, "init_method=...\\) expects a str"),
         (dict(store="not a store"), TypeError, "torch.distributed.Store"),
+        (dict(script_only=1), TypeError, r"script_only=...\) expects True or False; got int"),
+        (dict(allow_import_by_name="no"), TypeError, r"allow_import_by_name=...\) expects True or False"),
+        (dict(allow_shipped_code=None), TypeError, r"allow_shipped_code=...\) expects True or False"),
+        (dict(allowed_callables="aten::add"), TypeError, r"allowed_callables=...\) expects a list of names"),
+        (dict(allowed_callables=["aten::add", 3]), TypeError, r"expects names \(str\); got int 3"),
+        (dict(allowed_callables=[""]), ValueError, r"allowed_callables=...\): '' is not a name"),
+        (dict(allowed_callables=[" aten::add"]), ValueError, r"' aten::add' is not a name"),
     ],
 )
 def test_invalid_options_say_what_is_wrong(kwargs, exc, match):
     with pytest.raises(exc, match=match):
         torchrpc.RpcOptions(**kwargs)
+
+
+def test_callee_policy_defaults_allow_everything_and_reach_the_worker_as_a_tuple():
+    assert torchrpc.RpcOptions().callee_policy() == (False, None, True, True)
+    o = torchrpc.RpcOptions(script_only=True, allowed_callables=("b.f", "aten::add", "b.f"), allow_import_by_name=False,
+                            allow_shipped_code=False)
+    assert o.allowed_callables == frozenset({"aten::add", "b.f"})
+    assert o.callee_policy() == (True, ["aten::add", "b.f"], False, False)
+    assert "script_only=True" in repr(o)
 
 
 def test_options_are_keyword_only():
