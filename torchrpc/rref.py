@@ -280,10 +280,41 @@ except Exception:  # pragma: no cover - the native core failed to load; native()
 
 def _invoke_method(rref, name, args, kwargs):
     """Runs on the owner: a method of the RRef's value. An @async_execution
-    method's future is answered when it completes (rpc_sync/rpc_async proxies)."""
+    method's future is answered when it completes (rpc_sync/rpc_async proxies).
+    A value not created yet is waited for by no thread: the method runs when
+    it exists (or fails), and the call is answered then."""
+    pending = rref._handle.pending_value() if rref._handle.is_owner() else None
+    if pending is None:
+        return _run_method(rref, name, args, kwargs)
+    answer = torch.futures.Future()
+
+    def created(_):
+        try:
+            result = _run_method(rref, name, args, kwargs)
+        except BaseException as exc:  # the call's answer: the owner's error or the method's
+            answer.set_exception(exc)
+            return
+        if isinstance(result, functions.Deferred):
+            result.future.add_done_callback(lambda done: _settle(answer, done))
+        else:
+            answer.set_result(result)
+
+    pending.add_done_callback(created)
+    return functions.Deferred(answer)
+
+
+def _run_method(rref, name, args, kwargs):
     method = getattr(rref.local_value(), name)
     result = method(*args, **kwargs)
     return functions.Deferred(result) if functions.is_async_execution(method) else result
+
+
+def _settle(answer, done):
+    """Completes future `answer` as future `done` completed."""
+    try:
+        answer.set_result(done.wait())
+    except BaseException as exc:
+        answer.set_exception(exc)
 
 
 def _method_call(call_kind, rref, name, args, kwargs, timeout):
