@@ -6,6 +6,7 @@ whatever bytes the test sends."""
 import hashlib
 import hmac
 import os
+import pickle
 import socket
 import struct
 
@@ -43,3 +44,26 @@ def connect(address, secret, rank, timeout=10):
     assert hmac.compare_digest(their_mac, expected), "the worker's proof does not match the secret"
     s.sendall(hmac.new(secret, b"connector" + nonce + their_nonce + ranks, hashlib.sha256).digest())
     return s
+
+
+# After the handshake: frames (csrc/message/wire.h), header then payload.
+FRAME_MAGIC = 0x43505254
+WIRE_VERSION = 2
+RREF_FETCH = 31  # csrc/message/message_type.h
+RREF_METHOD_CALL = 35
+
+
+def frame(type_, request_id, payload=b""):
+    """One frame without tensors."""
+    return struct.pack("<IHHQQII", FRAME_MAGIC, WIRE_VERSION, type_, request_id, len(payload), 0, 0) + payload
+
+
+def rref_id(worker, local):
+    """An RRef id as the RRef messages carry it (csrc/rref/rref_messages.cpp)."""
+    return struct.pack("<iq", worker, local)
+
+
+def method_call_payload(worker, local, name):
+    """RREF_METHOD_CALL's payload: the pickled (worker, local, name, args, kwargs)
+    tuple; torch's unpickler reads Python's protocol 2 for these types."""
+    return pickle.dumps((worker, local, name, (), {}), protocol=2)
