@@ -14,7 +14,7 @@ import time
 import pytest
 
 import torchrpc as rpc
-from tests.multiprocess import funcs, raw_peer, rref_funcs
+from tests.multiprocess import autograd_funcs, funcs, raw_peer, rref_funcs
 from tests.multiprocess.cluster import Cluster
 
 SECRET = b"test-peer-death-job-secret"
@@ -67,15 +67,30 @@ def test_method_calls_on_missing_rrefs_hold_no_pool_thread(job):
         assert time.monotonic() - started < 2.0, "a legitimate call waited for a pool thread"
 
 
-def test_forks_of_a_killed_worker_are_released_on_their_owner(job):
+def test_pickled_method_calls_on_a_value_being_created_hold_no_pool_thread(job):
+    slow = rpc.remote("worker1", rref_funcs.Slow, args=(2.0,))
+    # frozenset is no plain argument: these go pickled, and run on the owner
+    # as Python calls that find the value not created yet
+    futs = [slow.rpc_async(timeout=10).echo(frozenset({i})) for i in range(2 * job.threads)]
+    started = time.monotonic()
+    assert rpc.rpc_sync("worker1", funcs.no_tensors, args=(3,), timeout=10) == 6
+    assert time.monotonic() - started < 1.0, "a legitimate call waited for the value's creation"
+    assert [f.wait() for f in futs] == [frozenset({i}) for i in range(2 * job.threads)]
+
+
+def test_what_a_killed_worker_held_is_released_on_the_others(job):
     rpc.rpc_sync("worker2", rref_funcs.remote_and_keep, args=("held", "worker1", "held-by-worker2"))
     assert rpc.rpc_sync("worker1", rref_funcs.tracked_alive, args=("held-by-worker2",))
+    context_id = rpc.rpc_sync("worker2", autograd_funcs.hold_context_with_call, args=("worker1",))
+    assert context_id in rpc.rpc_sync("worker1", autograd_funcs.live_contexts)
     job.kill(2)
     killed = time.monotonic()
     _wait_until(lambda: not rpc.rpc_sync("worker1", rref_funcs.tracked_alive, args=("held-by-worker2",)), 10,
                 "worker1 freeing the value only the killed worker2 held")
     assert time.monotonic() - killed >= GRACE_SECONDS * 0.9, "released before the grace period ended"
     assert rpc.rpc_sync("worker1", rref_funcs.owner_entries, args=("2:",)) == 0
+    _wait_until(lambda: context_id not in rpc.rpc_sync("worker1", autograd_funcs.live_contexts), 5,
+                "worker1 releasing the autograd context of the killed worker2")
 
 
 def test_fetches_of_missing_rrefs_are_capped_and_dropped_with_their_peer(job):
