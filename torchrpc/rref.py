@@ -242,6 +242,11 @@ class RRef:
 
 
 def _backward_on_owner(rref, context_id, retain_graph):
+    """Runs on the owner: backward from the RRef's value, once it exists."""
+    return _when_created(rref, lambda: _backward_from_value(rref, context_id, retain_graph))
+
+
+def _backward_from_value(rref, context_id, retain_graph):
     value = rref.local_value()
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"RRef.backward() needs an RRef of a tensor; {rref!r} holds a "
@@ -280,18 +285,23 @@ except Exception:  # pragma: no cover - the native core failed to load; native()
 
 def _invoke_method(rref, name, args, kwargs):
     """Runs on the owner: a method of the RRef's value. An @async_execution
-    method's future is answered when it completes (rpc_sync/rpc_async proxies).
-    A value not created yet is waited for by no thread: the method runs when
-    it exists (or fails), and the call is answered then."""
+    method's future is answered when it completes (rpc_sync/rpc_async proxies)."""
+    return _when_created(rref, lambda: _run_method(rref, name, args, kwargs))
+
+
+def _when_created(rref, run):
+    """On the owner, in a Python call: run() now if the RRef's value exists
+    (or failed); else a Deferred answered with run()'s outcome once it does,
+    run by the thread that completes it. No pool thread waits meanwhile."""
     pending = rref._handle.pending_value() if rref._handle.is_owner() else None
     if pending is None:
-        return _run_method(rref, name, args, kwargs)
+        return run()
     answer = torch.futures.Future()
 
     def created(_):
         try:
-            result = _run_method(rref, name, args, kwargs)
-        except BaseException as exc:  # the call's answer: the owner's error or the method's
+            result = run()
+        except BaseException as exc:  # the call's answer: the owner's error or run()'s
             answer.set_exception(exc)
             return
         if isinstance(result, functions.Deferred):
