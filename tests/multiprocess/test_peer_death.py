@@ -4,7 +4,7 @@ thread and make at most a capped number of owner entries; a worker that is
 killed has the RRef forks it held released on their owners, and does not
 hold up the others' graceful shutdown.
 
-The tests run in file order against one job whose worker2 the second test
+The tests run in file order against one job whose worker2 the third test
 kills (the later ones kill it themselves when run alone); the last one
 shuts the job down itself."""
 
