@@ -242,6 +242,11 @@ class RRef:
 
 
 def _backward_on_owner(rref, context_id, retain_graph):
+    """Runs on the owner: backward from the RRef's value, once it exists."""
+    return _when_created(rref, lambda: _backward_from_value(rref, context_id, retain_graph))
+
+
+def _backward_from_value(rref, context_id, retain_graph):
     value = rref.local_value()
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"RRef.backward() needs an RRef of a tensor; {rref!r} holds a "
@@ -281,6 +286,34 @@ except Exception:  # pragma: no cover - the native core failed to load; native()
 def _invoke_method(rref, name, args, kwargs):
     """Runs on the owner: a method of the RRef's value. An @async_execution
     method's future is answered when it completes (rpc_sync/rpc_async proxies)."""
+    return _when_created(rref, lambda: _run_method(rref, name, args, kwargs))
+
+
+def _when_created(rref, run):
+    """On the owner, in a Python call: run() now if the RRef's value exists
+    (or failed); else a Deferred answered with run()'s outcome once it does,
+    run by the thread that completes it. No pool thread waits meanwhile."""
+    pending = rref._handle.pending_value() if rref._handle.is_owner() else None
+    if pending is None:
+        return run()
+    answer = torch.futures.Future()
+
+    def created(_):
+        try:
+            result = run()
+        except BaseException as exc:  # the call's answer: the owner's error or run()'s
+            answer.set_exception(exc)
+            return
+        if isinstance(result, functions.Deferred):
+            result.future.add_done_callback(lambda done: _settle(answer, done))
+        else:
+            answer.set_result(result)
+
+    pending.add_done_callback(created)
+    return functions.Deferred(answer)
+
+
+def _run_method(rref, name, args, kwargs):
     value = rref.local_value()
     why = python_fallback.method_refusal(value, name)
     if why is not None:
@@ -288,6 +321,14 @@ def _invoke_method(rref, name, args, kwargs):
     method = getattr(value, name)
     result = method(*args, **kwargs)
     return functions.Deferred(result) if functions.is_async_execution(method) else result
+
+
+def _settle(answer, done):
+    """Completes future `answer` as future `done` completed."""
+    try:
+        answer.set_result(done.wait())
+    except BaseException as exc:
+        answer.set_exception(exc)
 
 
 python_fallback.method_runners.append(_invoke_method)

@@ -335,7 +335,10 @@ void Agent::dispatch(message::Message&& request, int callerRank, message::Reply 
   }
   // The handler, its continuations and its response all belong to the scope.
   message::Reply scoped = reply.through([scope](message::Message& r) { scope->outgoingResponse(r); });
-  scope->run([&] { serve(std::move(request), callerRank, std::move(scoped), scope); });
+  scope->run([&] {
+    CallScope::Entered entered(scope);
+    serve(std::move(request), callerRank, std::move(scoped), scope);
+  });
 }
 
 void Agent::serve(message::Message&& request, int callerRank, message::Reply reply, const std::shared_ptr<CallScope>& scope) {
@@ -462,6 +465,13 @@ void Agent::onCloseFromLoop(const std::shared_ptr<transport::Connection>& conn, 
   }
   if (!goodbye && rank >= 0) {
     TORCHRPC_DEBUG(options_.name, "lost " << conn->description() << ": " << reason);
+    for (const auto& lost : peerLost_) {
+      try {
+        lost(rank, reason);
+      } catch (const std::exception& e) {  // nothing escapes the loop thread
+        TORCHRPC_WARN(options_.name, "a peer-lost callback failed: " << e.what());
+      }
+    }
   }
   pending_.failConnection(conn->id(), common::ErrorKind::kPeerUnreachable, [&](const Pending::Call& c) {
     std::string elapsed = secondsText(std::chrono::steady_clock::now() - c.start);
@@ -472,6 +482,12 @@ void Agent::onCloseFromLoop(const std::shared_ptr<transport::Connection>& conn, 
     return c.description + ": " + reason + " after " + elapsed + " s, before a response arrived; " +
            peerName + " may have exited, check its log";
   });
+}
+
+bool Agent::reachable(int rank, double timeoutSeconds) {
+  if (rank == options_.rank) return true;
+  if (rank < 0 || rank >= static_cast<int>(peers_.size()) || shuttingDown_.load()) return false;
+  return !connectionTo(rank, timeoutSeconds).error;
 }
 
 size_t Agent::waitPending(double timeoutSeconds) {

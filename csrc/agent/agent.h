@@ -58,6 +58,7 @@ struct AgentOptions {
   // either cap an accepted connection is closed at once.
   size_t maxConnections() const { return 2 * static_cast<size_t>(worldSize) + kMaxHandshaking; }
   static constexpr size_t kMaxHandshaking = 64;
+  double peerGraceSeconds{5.0};         // a peer lost without GOODBYE is gone after this (worker/peer_watch.h)
 };
 
 struct PeerInfo {
@@ -95,6 +96,12 @@ class Agent : public std::enable_shared_from_this<Agent> {
   // Sees every request and response on its way (distributed autograd). Set it
   // before startServing(); at most one.
   void setInterceptor(std::shared_ptr<Interceptor> interceptor) { interceptor_ = std::move(interceptor); }
+  // Runs on the loop thread when a connection to a peer of the job closes
+  // without the peer's GOODBYE (it crashed, was killed, or the network
+  // failed), unless this worker is shutting down. It must not block. Add
+  // callbacks before startServing().
+  using PeerLost = std::function<void(int rank, const std::string& reason)>;
+  void onPeerLost(PeerLost callback) { peerLost_.push_back(std::move(callback)); }
   // Call once peers and handlers are set. Until then, frames that arrive (a
   // fast peer may finish the rendezvous first) are held, then handled in order.
   void startServing();
@@ -118,6 +125,11 @@ class Agent : public std::enable_shared_from_this<Agent> {
   // value. `scope` (from the interceptor) covers the handler's continuations.
   void serve(message::Message&& request, int callerRank, message::Reply reply,
              const std::shared_ptr<CallScope>& scope = nullptr);
+
+  // Whether a connection to `rank` is open or can be opened within
+  // `timeoutSeconds` (a worker that exited listens no more: refused at once).
+  // May connect; not on the loop thread.
+  bool reachable(int rank, double timeoutSeconds);
 
   // Waits until no call of this worker is pending; returns how many still are.
   size_t waitPending(double timeoutSeconds);
@@ -167,6 +179,7 @@ class Agent : public std::enable_shared_from_this<Agent> {
   std::unordered_map<uint16_t, std::pair<Handler, std::string>> handlers_;  // handler, what
   std::unordered_map<uint16_t, FastPath> fastPaths_;
   std::shared_ptr<Interceptor> interceptor_;
+  std::vector<PeerLost> peerLost_;
   script_dispatch::Registry registry_;
   const std::chrono::steady_clock::time_point started_;
 

@@ -86,13 +86,47 @@ std::shared_ptr<Context> Container::create() {
   return ctx;
 }
 
-std::shared_ptr<Context> Container::getOrCreate(int64_t id) {
+std::shared_ptr<Context> Container::getOrCreate(int64_t id, int src) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (released_.count(id)) return nullptr;
+  auto it = contexts_.find(id);
+  if (it != contexts_.end()) return it->second;
+  size_t& made = madePerPeer_[src];
+  TORCH_CHECK(made < kMaxContextsPerPeer, "distributed autograd context ", id, " cannot be created: rank ", src,
+              " already has ", made, " live contexts on this worker (the cap is ", kMaxContextsPerPeer,
+              " per peer); end `with torchrpc.autograd.context()` blocks, which releases them");
+  ++made;
+  madeFor_[id] = src;
   auto& slot = contexts_[id];
-  if (!slot) slot = std::make_shared<Context>(id);
+  slot = std::make_shared<Context>(id);
   common::setTrainingSpin(true);
   return slot;
+}
+
+void Container::uncountLocked(int64_t id) {
+  auto it = madeFor_.find(id);
+  if (it == madeFor_.end()) return;
+  auto count = madePerPeer_.find(it->second);
+  if (count != madePerPeer_.end() && --count->second == 0) madePerPeer_.erase(count);
+  madeFor_.erase(it);
+}
+
+size_t Container::releasePeer(int rank) {
+  std::vector<int64_t> ids;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [id, src] : madeFor_) {
+      if (src == rank) ids.push_back(id);
+    }
+    for (const auto& kv : contexts_) {
+      const auto made = madeFor_.find(kv.first);
+      const bool counted = made != madeFor_.end() && made->second == rank;  // listed above
+      if ((kv.first >> 48) == rank && !counted) ids.push_back(kv.first);
+    }
+  }
+  size_t released = 0;
+  for (int64_t id : ids) released += release(id) ? 1 : 0;  // dropped here, unlocked
+  return released;
 }
 
 std::shared_ptr<Context> Container::find(int64_t id) const {
@@ -118,6 +152,7 @@ std::shared_ptr<Context> Container::release(int64_t id) {
       releasedOrder_.pop_front();
     }
   }
+  uncountLocked(id);
   auto it = contexts_.find(id);
   if (it == contexts_.end()) return nullptr;
   auto ctx = std::move(it->second);
@@ -137,6 +172,8 @@ void Container::clear() {
   std::unordered_map<int64_t, std::shared_ptr<Context>> dropped;
   std::lock_guard<std::mutex> lock(mutex_);
   dropped.swap(contexts_);
+  madeFor_.clear();
+  madePerPeer_.clear();
   common::setTrainingSpin(false);
   released_.clear();
   releasedOrder_.clear();

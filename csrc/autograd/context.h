@@ -63,23 +63,30 @@ class Context {
 
 class Container {
  public:
+  // Contexts one peer's requests may have made here and not released yet.
+  static constexpr size_t kMaxContextsPerPeer = 4096;
+
   static Container& get();
 
   // The worker's rank; context ids are (rank << 48) + a counter.
   void setRank(int rank);
   // A new context, current on this thread. Throws if the thread has one.
   std::shared_ptr<Context> create();
-  // The context with this id, created if this worker has not seen it yet;
-  // null if it was released here already (a request that arrives after the
-  // context's cleanup message must not bring it back: nothing would release
-  // it again).
-  std::shared_ptr<Context> getOrCreate(int64_t id);
+  // The context with this id, created for peer `src`'s request if this
+  // worker has not seen it yet; null if it was released here already (a
+  // request that arrives after the context's cleanup message must not bring
+  // it back: nothing would release it again). Throws, naming the cap, if
+  // `src` made kMaxContextsPerPeer live contexts here already.
+  std::shared_ptr<Context> getOrCreate(int64_t id, int src);
   // Null if unknown (never seen, or released).
   std::shared_ptr<Context> find(int64_t id) const;
   // Throws a clear error naming the worker if unknown.
   std::shared_ptr<Context> retrieve(int64_t id, const std::string& worker) const;
   // Removes it and remembers it as released; returns it (null if it was not there).
   std::shared_ptr<Context> release(int64_t id);
+  // Peer `rank` is gone: releases the contexts its requests made here and
+  // those it opened (their cleanup would come from it); returns how many.
+  size_t releasePeer(int rank);
   std::vector<int64_t> liveIds() const;
   void clear();
 
@@ -92,9 +99,15 @@ class Container {
   int64_t rankPrefix_{0};
   int64_t next_{0};
   std::unordered_map<int64_t, std::shared_ptr<Context>> contexts_;
+  // Contexts made for a peer's request: id -> that peer, and the count per peer.
+  std::unordered_map<int64_t, int> madeFor_;
+  std::unordered_map<int, size_t> madePerPeer_;
   // The ids released most recently (bounded), in release order.
   std::deque<int64_t> releasedOrder_;
   std::unordered_set<int64_t> released_;
+
+  // Forgets that `id` was made for a peer; mutex_ held.
+  void uncountLocked(int64_t id);
 };
 
 // Makes `id` the thread's current context for a scope.

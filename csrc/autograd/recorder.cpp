@@ -154,7 +154,7 @@ void Recorder::incomingResponse(message::Message& response, int src) {
 std::shared_ptr<agent::CallScope> Recorder::incomingRequest(message::Message& request, int src) {
   if (request.type != message::MessageType::kAutogradCall) return nullptr;
   std::shared_ptr<Context> ctx;
-  Envelope e = unwrap(request, src, [&ctx](int64_t id) { return ctx = Container::get().getOrCreate(id); });
+  Envelope e = unwrap(request, src, [&ctx, src](int64_t id) { return ctx = Container::get().getOrCreate(id, src); });
   const bool local = (e.flags & kLocal) != 0;
   // Released here already: the request runs outside any context, unrecorded.
   if (!local && !ctx) return nullptr;

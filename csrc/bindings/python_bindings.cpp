@@ -383,6 +383,15 @@ PYBIND11_MODULE(_C, m) {
              }
              return outcome(*owner.value());
            })
+      // Owner only: None once the value exists (or failed), else a
+      // torch.futures.Future that completes when it does (its value unused).
+      .def("pending_value",
+           [](const rref::RRef& r) -> py::object {
+             TORCH_CHECK(r.isOwner(), "pending_value() of a user RRef");
+             const auto& value = static_cast<const rref::OwnerRRef&>(r).value();
+             if (value->completed()) return py::none();
+             return torch::jit::toPyObject(c10::IValue(value));
+           })
       // The TorchScript object (torch.classes.torchrpc.RRef) of this RRef.
       .def("script_object", [](const std::shared_ptr<rref::RRef>& r) {
         return torch::jit::toPyObject(torchrpc::jit_ops::scriptRRef(r));

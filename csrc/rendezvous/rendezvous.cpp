@@ -3,8 +3,10 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <sstream>
+#include <thread>
 
 #include "auth/handshake.h"
 #include <unordered_map>
@@ -89,12 +91,52 @@ std::string Rendezvous::sharedSecret(std::string given) {
   return std::string(value.begin(), value.end());
 }
 
-void Rendezvous::barrier(const std::string& tag, double timeoutSeconds) {
-  auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1000));
-  if (store_->add(tag + "/arrived", 1) == worldSize_) store_->set(tag + "/go", bytesOf("1"));
-  store_->wait({tag + "/go"}, timeout);
+void Rendezvous::waitForAll(const std::string& tag, const std::string& prefix,
+                            std::chrono::steady_clock::time_point deadline, const std::function<bool(int)>& gone,
+                            std::set<int>* goneRanks) {
+  std::vector<int> missing;
+  for (int r = 0; r < worldSize_; ++r) missing.push_back(r);
+  // Short polls: a barrier is met within milliseconds when all are there;
+  // the interval grows to bound the store's load while someone is late.
+  auto interval = std::chrono::milliseconds(2);
+  while (true) {
+    std::vector<int> still;
+    for (int r : missing) {
+      const std::string goneKey = tag + "/gone/" + std::to_string(r);
+      if (store_->check({prefix + std::to_string(r)})) continue;
+      if (store_->check({goneKey})) {
+        goneRanks->insert(r);
+        continue;
+      }
+      if (gone && gone(r)) {
+        store_->set(goneKey, bytesOf("1"));  // for the workers that never talked to it
+        goneRanks->insert(r);
+        continue;
+      }
+      still.push_back(r);
+    }
+    missing.swap(still);
+    if (missing.empty()) return;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      std::string ranks;
+      for (int r : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+      C10_THROW_ERROR(DistStoreError, "barrier '" + tag + "': rank(s) " + ranks + " did not arrive in time");
+    }
+    std::this_thread::sleep_for(interval);
+    interval = std::min(interval * 2, std::chrono::milliseconds(50));
+  }
+}
+
+std::set<int> Rendezvous::barrier(const std::string& tag, double timeoutSeconds, const std::function<bool(int)>& gone) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(timeoutSeconds));
+  store_->set(tag + "/arrived/" + std::to_string(rank_), bytesOf("1"));
+  std::set<int> goneRanks;
+  waitForAll(tag, tag + "/arrived/", deadline, gone, &goneRanks);
   store_->set(tag + "/left/" + std::to_string(rank_), bytesOf("1"));
-  if (rank_ == 0) store_->wait(keysFor(tag + "/left/", worldSize_), timeout);
+  if (rank_ == 0) waitForAll(tag, tag + "/left/", deadline, gone, &goneRanks);
+  return goneRanks;
 }
 
 }  // namespace torchrpc::rendezvous

@@ -14,6 +14,9 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <chrono>
+#include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -36,11 +39,20 @@ class Rendezvous {
   // Waits up to the store's timeout. Throws c10::ValueError if two workers
   // have the same name.
   std::vector<agent::PeerInfo> exchange(const agent::PeerInfo& me);
-  // Returns once every worker reached barrier `tag`; rank 0 (which may host
-  // the store) also waits until everyone has left it. Throws on timeout.
-  void barrier(const std::string& tag, double timeoutSeconds);
+  // Returns once every worker reached barrier `tag`, or is gone: `gone(rank)`
+  // (may be empty) says a worker died, and this worker then marks it gone in
+  // the store for the others, who may not know. Rank 0 (which may host the
+  // store) also waits until everyone else has left it. Returns the ranks
+  // that were gone instead of arriving. Throws on timeout, naming the ranks
+  // still missing.
+  std::set<int> barrier(const std::string& tag, double timeoutSeconds, const std::function<bool(int)>& gone = {});
 
  private:
+  // Polls until every rank set `prefix`<rank> or is marked gone under `tag`
+  // (those are added to *goneRanks).
+  void waitForAll(const std::string& tag, const std::string& prefix, std::chrono::steady_clock::time_point deadline,
+                  const std::function<bool(int)>& gone, std::set<int>* goneRanks);
+
   c10::intrusive_ptr<c10d::Store> store_;  // prefixed with the generation
   int rank_;
   int worldSize_;

@@ -14,6 +14,9 @@ namespace {
 // Protocol messages (fork requests, deletes, accepts) are tiny; a peer that
 // does not answer within this long is gone or wedged.
 constexpr double kProtocolTimeoutSeconds = 120.0;
+// How long an awaited RRef waits for its creation when this worker's default
+// timeout is 0 (none): a bound is needed, the entry was made by a peer's say-so.
+constexpr double kAwaitedFallbackSeconds = 60.0;
 
 }  // namespace
 
@@ -41,7 +44,7 @@ std::shared_ptr<RRefContext> RRefContext::current() {
 }
 
 RRefContext::RRefContext(std::shared_ptr<agent::Agent> agent)
-    : agent_(std::move(agent)), rank_(agent_->options().rank) {}
+    : agent_(std::move(agent)), rank_(agent_->options().rank), expiries_(agent_->options().name) {}
 
 RRefContext::~RRefContext() = default;
 
@@ -98,7 +101,7 @@ std::shared_ptr<RRef> RRefContext::remote(int dst, message::Message&& call, doub
   const RRefId rrefId = newId();
   if (dst == rank_) {
     // The owner is this worker: no message, the value is created on the pool.
-    auto owner = owners_->startCreation(rrefId, nullptr);
+    auto owner = owners_->startCreation(rrefId, nullptr, rank_);
     auto token = inFlight_.begin();
     agent_->pool().run([self = shared_from_this(), owner, token, call = std::move(call)]() mutable {
       self->runCreation(owner, std::move(call), self->rank_, std::move(token));
@@ -175,7 +178,9 @@ ForkData RRefContext::fork(const std::shared_ptr<RRef>& rref, int requestTo) {
               "this RRef belongs to an earlier torchrpc session (before shutdown); it cannot be sent");
   const ForkId forkId = newId();
   if (rref->isOwner()) {
-    owners_->addForkOf(std::static_pointer_cast<OwnerRRef>(rref), forkId);
+    // Sent in a request, the fork's holder is known; in a response it is not.
+    owners_->addForkOf(std::static_pointer_cast<OwnerRRef>(rref), forkId,
+                       requestTo >= 0 ? requestTo : OwnerTable::kUnknownHolder);
   } else {
     TORCH_CHECK(!std::static_pointer_cast<UserRRef>(rref)->deleted(), "RRef ", rref->id().str(),
                 " was already released (torchrpc is shutting down); it cannot be sent");
@@ -187,7 +192,7 @@ ForkData RRefContext::fork(const std::shared_ptr<RRef>& rref, int requestTo) {
 
 std::shared_ptr<RRef> RRefContext::receive(const ForkData& fork) {
   if (fork.owner == rank_) {
-    auto owner = owners_->awaited(fork.rrefId);
+    auto owner = awaitedOwner(fork.rrefId, fork.parent);
     TORCH_CHECK(owner, "torchrpc shut down on ", workerName(), ": RRef ", fork.rrefId.str(), " cannot be received");
     if (fork.parent == rank_) {
       // Sent to ourselves: the fork added while pickling has no user.
@@ -292,6 +297,69 @@ void RRefContext::sendTrackedLater(int dst, message::Message&& m, const std::str
   });
 }
 
+// ---- bounds on what peers make on demand ---------------------------------------------
+
+double RRefContext::awaitedLifetimeSeconds() const {
+  const double configured = defaultTimeoutSeconds();
+  return configured > 0 ? configured : kAwaitedFallbackSeconds;
+}
+
+std::shared_ptr<OwnerRRef> RRefContext::awaitedOwner(const RRefId& id, int requester) {
+  bool created = false;
+  auto owner = owners_->awaited(id, requester, &created);
+  if (created) expireLater(owner);
+  return owner;
+}
+
+namespace {
+
+// Fails a value that will never be created, which answers every request
+// waiting for it (fetches, method calls) with `why`.
+void failAwaited(OwnerRRef& owner, const std::string& type, const std::string& why, const std::string& worker) {
+  if (owner.value()->completed()) return;
+  owner.setError(message::RemoteException{type, why, "", "waiting for RRef " + owner.id().str(), worker});
+}
+
+}  // namespace
+
+void RRefContext::expireLater(const std::shared_ptr<OwnerRRef>& owner) {
+  const double seconds = awaitedLifetimeSeconds();
+  std::weak_ptr<RRefContext> weak = weak_from_this();
+  std::weak_ptr<OwnerRRef> weakOwner = owner;
+  const auto timer = expiries_.after(seconds, [weak, weakOwner, id = owner->id(), seconds] {
+    auto self = weak.lock();
+    auto current = weakOwner.lock();
+    if (!self || !current) return;  // answered and dropped already
+    auto expired = self->owners_->expire(id, current.get());
+    if (!expired) return;  // its creation started meanwhile
+    failAwaited(*expired, "torchrpc.errors.RpcTimeoutError",
+                "RRef " + id.str() + " was asked for, but the call that creates it did not reach " +
+                    self->workerName() + " within " + std::to_string(seconds) +
+                    " s (the owner's rpc_timeout); was the remote() that makes it sent, and is its sender alive?",
+                self->workerName());
+  });
+  // Its creation may have started meanwhile: then it never expires.
+  if (!owners_->setExpiry(owner->id(), owner.get(), timer)) expiries_.cancel(timer);
+}
+
+void RRefContext::releasePeer(int rank) {
+  size_t forks = 0;
+  auto erased = owners_->releasePeer(rank, &forks);
+  const std::string peer = workerLabel(rank);
+  for (auto& owner : erased) {
+    failAwaited(*owner, "torchrpc.errors.PeerUnreachableError",
+                "RRef " + owner->id().str() + " was asked for by " + peer +
+                    ", which was lost before the call that creates it reached " + workerName(),
+                workerName());
+  }
+  if (forks || !erased.empty()) {
+    TORCHRPC_WARN(workerName(), peer << " was lost without shutting down: released the " << forks
+                                     << " RRef fork(s) it held here; " << erased.size()
+                                     << " owner entr(ies) it alone kept were dropped");
+  }
+  erased.clear();  // may free values (and take the GIL): unlocked, here
+}
+
 // ---- shutdown and introspection -----------------------------------------------------
 
 void RRefContext::releaseAllUsers() {
@@ -307,6 +375,7 @@ size_t RRefContext::waitIdle(double timeoutSeconds) { return inFlight_.waitIdle(
 
 void RRefContext::stop() {
   stopped_ = true;
+  expiries_.stop();
   auto owners = owners_->clear();
   auto users = users_.clear();
   // Dropped here, unlocked; user destructors see the cleared table and send nothing.

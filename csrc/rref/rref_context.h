@@ -28,6 +28,14 @@
 // Creating a value runs the creating call through the agent's one switch
 // (Agent::serve) with a reply that keeps the value.
 //
+// Bounds: an id that a peer asks about before its creation arrives (it may
+// legitimately still be in flight from a third worker) makes a kAwaited owner
+// entry that counts against that peer's cap (OwnerTable::kMaxAwaitedPerPeer)
+// and expires, failing its waiters, if the creation has not come within this
+// worker's default timeout (kAwaitedFallbackSeconds when that is 0). No pool
+// thread waits for such a value: requests of it are answered from the
+// callback of its future. releasePeer() drops what a lost peer held.
+//
 // Threads: every public method may be called from any thread. Handlers run on
 // the agent's pool, except two that the I/O thread takes when they need no
 // GIL: fetches (fetchAtOnce) and USER_DELETEs of small TorchScript values
@@ -49,6 +57,7 @@
 #include <vector>
 
 #include "agent/agent.h"
+#include "common/timers.h"
 #include "rref/in_flight.h"
 #include "rref/owner_table.h"
 #include "rref/rref.h"
@@ -133,8 +142,15 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // After the agent stopped: drops every table; later releases send nothing.
   void stop();
 
+  // Peer `rank` is gone (lost without GOODBYE and not back after the grace
+  // period, worker/peer_watch.h): every owner here releases the forks it held
+  // (a value nobody else holds is freed), and the awaited entries it made are
+  // failed and dropped. Not on the I/O thread (values may need the GIL).
+  void releasePeer(int rank);
+  size_t awaitedCount(int requester) const { return owners_->awaitedCount(requester); }
+
   // Protocol handlers; public so unit tests can feed messages in any order.
-  void onForkRequest(const RRefId& rrefId, const ForkId& forkId);
+  void onForkRequest(const RRefId& rrefId, const ForkId& forkId, int holder = OwnerTable::kUnknownHolder);
   void onUserDelete(const RRefId& rrefId, const ForkId& forkId);
   void onChildAccept(const ForkId& forkId);
 
@@ -163,10 +179,17 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   void runCreation(const std::shared_ptr<OwnerRRef>& owner, message::Message&& call, int callerRank,
                    InFlight::Token token, std::function<void()> done = nullptr);
   void handleRemoteCall(message::Message&& request, int callerRank, const message::Reply& reply);
-  void handleFetch(message::Message&& request, const message::Reply& reply);
-  void handleMethodCall(message::Message&& request, const message::Reply& reply);
-  // The I/O thread's handling of a fetch (false leaves it to handleFetch, on
-  // the pool): see answerFetch.
+  void handleFetch(message::Message&& request, int callerRank, const message::Reply& reply);
+  void handleMethodCall(message::Message&& request, int callerRank, const message::Reply& reply);
+  // The owner entry of `id`, made kAwaited for `requester` (and set to
+  // expire) if there was none; null after stop(). Throws at the cap.
+  std::shared_ptr<OwnerRRef> awaitedOwner(const RRefId& id, int requester);
+  // Fails and drops the kAwaited entry of `owner` if its creation has not
+  // started within awaitedLifetimeSeconds().
+  void expireLater(const std::shared_ptr<OwnerRRef>& owner);
+  double awaitedLifetimeSeconds() const;
+  // The I/O thread's handling of a fetch of an entry that exists (false
+  // leaves it to handleFetch, on the pool): see answerFetch.
   bool fetchAtOnce(const message::Message& request, const message::Reply& reply);
   // The I/O thread's handling of a USER_DELETE whose value it can free at
   // once (a small TorchScript value; false leaves it to the pool): one pool
@@ -199,6 +222,7 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   std::unique_ptr<OwnerTable> owners_;
   UserTable users_;
   InFlight inFlight_;
+  common::Timers expiries_;  // of kAwaited owner entries
   std::atomic<bool> stopped_{false};
 };
 

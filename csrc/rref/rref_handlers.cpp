@@ -41,10 +41,10 @@ void RRefContext::installHandlers() {
           self->handleRemoteCall(std::move(request), callerRank, reply);
           return;
         case message::MessageType::kRRefFetch:
-          self->handleFetch(std::move(request), reply);
+          self->handleFetch(std::move(request), callerRank, reply);
           return;
         case message::MessageType::kRRefMethodCall:
-          self->handleMethodCall(std::move(request), reply);
+          self->handleMethodCall(std::move(request), callerRank, reply);
           return;
         case message::MessageType::kRRefUserDelete:
           parseIds(request, &a, &b);
@@ -52,7 +52,7 @@ void RRefContext::installHandlers() {
           break;
         case message::MessageType::kRRefForkRequest:
           parseIds(request, &a, &b);
-          self->onForkRequest(a, b);
+          self->onForkRequest(a, b, callerRank);
           break;
         case message::MessageType::kRRefChildAccept:
           parseIds(request, &a);
@@ -87,34 +87,73 @@ void RRefContext::handleRemoteCall(message::Message&& request, int callerRank, c
   // The caller's UserRRef is registered at once (Early Fork Registration). A
   // value being created counts in flight (waitIdle, graceful shutdown), also
   // after its caller stopped waiting.
-  auto owner = owners_->startCreation(rrefId, &forkId);
+  uint64_t expiry = 0;
+  auto owner = owners_->startCreation(rrefId, &forkId, callerRank, &expiry);
+  if (expiry) expiries_.cancel(expiry);  // it was awaited: created now, it never expires
   runCreation(owner, std::move(call), callerRank, inFlight_.begin(), [reply] { reply(ackMessage(reply.id())); });
 }
 
-void RRefContext::handleMethodCall(message::Message&& request, const message::Reply& reply) {
-  MethodCall call = parseMethodCall(request);
-  // Created on demand, as for a fetch: the call may run before the REMOTE_CALL.
-  auto owner = owners_->awaited(call.rrefId);
-  TORCH_CHECK(owner, "torchrpc shut down on ", workerName());
+namespace {
+
+// Runs method `call.name` of `owner`'s value (created, or failed) and answers.
+void runMethod(const MethodCall& call, const OwnerRRef& owner, const RRefContext::PythonMethodRunner& runner,
+               const std::string& worker, const message::Reply& reply) {
   const std::string what = call.name + "() of RRef " + call.rrefId.str();
-  // Waited for here, not in a callback as handleFetch does: the method must
-  // run on this thread, where the call's autograd context is current.
-  if (!owner->waitValue(defaultTimeoutSeconds())) {
-    reply.error(message::RemoteException{"torchrpc.errors.RpcTimeoutError",
-                                "the value of RRef " + call.rrefId.str() + " was not created on " + workerName() +
-                                    " within " + std::to_string(defaultTimeoutSeconds()) + " s",
-                                "", what, workerName()});
-    return;
-  }
-  const auto& value = owner->value();
+  const auto& value = owner.value();
   if (value->hasError()) {
-    reply(creationFailure(reply.id(), owner.get(), *value, what, workerName()));
+    reply(creationFailure(reply.id(), &owner, *value, what, worker));
     return;
   }
-  TORCH_CHECK(pythonMethodRunner_, "cannot run ", what, ": ", workerName(),
+  TORCH_CHECK(runner, "cannot run ", what, ": ", worker,
               " runs no Python (a C++ worker); its RRefs' methods cannot be called through proxies, "
               "call its TorchScript functions instead");
-  pythonMethodRunner_(reply.id(), value->value(), call.name, call.args, call.kwargs, reply);
+  runner(reply.id(), value->value(), call.name, call.args, call.kwargs, reply);
+}
+
+}  // namespace
+
+void RRefContext::handleMethodCall(message::Message&& request, int callerRank, const message::Reply& reply) {
+  auto call = std::make_shared<const MethodCall>(parseMethodCall(request));
+  // Created on demand, as for a fetch: the call may run before the REMOTE_CALL.
+  auto owner = awaitedOwner(call->rrefId, callerRank);
+  TORCH_CHECK(owner, "torchrpc shut down on ", workerName());
+  if (owner->value()->completed()) {
+    runMethod(*call, *owner, pythonMethodRunner_, workerName(), reply);
+    return;
+  }
+  // Not created yet: no pool thread waits for it. The thread that creates it
+  // (or expires the entry) queues the method on the pool, under this
+  // request's scope (its autograd context), and that answers.
+  auto scope = agent::CallScope::current();
+  std::weak_ptr<RRefContext> weak = weak_from_this();
+  std::weak_ptr<OwnerRRef> weakOwner = owner;  // the value's own callback must not keep it alive
+  const std::string worker = workerName();
+  owner->value()->addCallback([weak, weakOwner, call, scope, reply, worker](c10::ivalue::Future&) {
+    auto self = weak.lock();
+    auto held = weakOwner.lock();  // alive: it is completing its value now
+    if (!self || !held) {
+      reply.error(message::RemoteException{"RuntimeError", "torchrpc shut down on " + worker, "",
+                                           call->name + "() of RRef " + call->rrefId.str(), worker});
+      return;
+    }
+    self->agent_->pool().run([self, held, call, scope, reply, worker] {
+      auto run = [&] {
+        try {
+          runMethod(*call, *held, self->pythonMethodRunner_, worker, reply);
+        } catch (...) {
+          if (!reply.answered()) {
+            reply.error(message::describeException(std::current_exception(),
+                                                   call->name + "() of RRef " + call->rrefId.str(), worker));
+          }
+        }
+      };
+      if (scope) {
+        scope->run(run);
+      } else {
+        run();
+      }
+    });
+  });
 }
 
 bool RRefContext::fetchAtOnce(const message::Message& request, const message::Reply& reply) {
@@ -124,17 +163,18 @@ bool RRefContext::fetchAtOnce(const message::Message& request, const message::Re
   } catch (...) {
     return false;  // the pool's handler reports it
   }
-  // Created on demand: the fetch may come before the call that creates it.
-  auto owner = owners_->awaited(rrefId);
+  // An unknown id (the fetch may come before the call that creates it) is
+  // the pool's: creating its entry counts against the caller's cap.
+  auto owner = owners_->find(rrefId);
   if (!owner) return false;
   answerFetch(rrefId, owner, reply, /*onPool=*/false);
   return true;
 }
 
-void RRefContext::handleFetch(message::Message&& request, const message::Reply& reply) {
+void RRefContext::handleFetch(message::Message&& request, int callerRank, const message::Reply& reply) {
   RRefId rrefId;
   parseIds(request, &rrefId);
-  auto owner = owners_->awaited(rrefId);
+  auto owner = awaitedOwner(rrefId, callerRank);
   TORCH_CHECK(owner, "torchrpc shut down on ", workerName());
   answerFetch(rrefId, owner, reply, /*onPool=*/true);
 }
@@ -179,7 +219,11 @@ void RRefContext::answerFetch(const RRefId& rrefId, const std::shared_ptr<OwnerR
 
 // ---- handlers ----------------------------------------------------------------------
 
-void RRefContext::onForkRequest(const RRefId& rrefId, const ForkId& forkId) { owners_->addFork(rrefId, forkId); }
+void RRefContext::onForkRequest(const RRefId& rrefId, const ForkId& forkId, int holder) {
+  bool created = false;
+  auto owner = owners_->addFork(rrefId, forkId, holder, &created);
+  if (created) expireLater(owner);
+}
 
 void RRefContext::onUserDelete(const RRefId& rrefId, const ForkId& forkId) {
   bool known = false;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 
 #include "autograd/engine.h"
@@ -23,8 +24,25 @@ std::string localHostId() {
   return id;
 }
 
+namespace {
+
+// TORCHRPC_PEER_GRACE_SECONDS overrides AgentOptions::peerGraceSeconds (tests
+// and operators shorten or lengthen how long a lost peer's RRefs are kept).
+void applyGraceFromEnvironment(agent::AgentOptions& options) {
+  const char* text = std::getenv("TORCHRPC_PEER_GRACE_SECONDS");
+  if (text == nullptr || text[0] == '\0') return;
+  char* end = nullptr;
+  const double seconds = std::strtod(text, &end);
+  TORCH_CHECK_VALUE(end != text && *end == '\0' && seconds >= 0, "TORCHRPC_PEER_GRACE_SECONDS must be a number of ",
+                    "seconds >= 0; got '", text, "'");
+  options.peerGraceSeconds = seconds;
+}
+
+}  // namespace
+
 Worker::Worker(agent::AgentOptions options, c10::intrusive_ptr<c10d::Store> store, const Hook& beforeServing) {
   if (options.hostId.empty()) options.hostId = localHostId();
+  applyGraceFromEnvironment(options);
   const int rank = options.rank;
   const int worldSize = options.worldSize;
   rendezvous_ = std::make_unique<rendezvous::Rendezvous>(std::move(store), rank, worldSize);
@@ -35,11 +53,13 @@ Worker::Worker(agent::AgentOptions options, c10::intrusive_ptr<c10d::Store> stor
     peers_ = rendezvous_->exchange(agent::PeerInfo{options.name, rank, tcp, unixAddr, options.hostId});
     agent_->setPeers(peers_);
     rrefs_ = rref::RRefContext::create(agent_);
+    peerWatch_ = PeerWatch::create(agent_, rrefs_);
     autograd::install(*agent_);
     if (beforeServing) beforeServing(*agent_, *rrefs_);
     agent_->startServing();
     agent::Agent::setCurrent(agent_);
   } catch (...) {
+    if (peerWatch_) peerWatch_->stop();
     agent_->shutdown();
     if (rrefs_) rrefs_->stop();
     throw;
@@ -68,8 +88,13 @@ std::exception_ptr Worker::leaveGracefully(double timeoutSeconds,
   }
   const auto started = std::chrono::steady_clock::now();
   std::exception_ptr failure;
+  std::set<int> dead;  // workers the meetings went on without
   try {
-    rendezvous_->barrier("shutdown", timeoutSeconds);
+    // A dead worker never arrives: the meetings skip the ones known gone.
+    auto gone = [watch = peerWatch_](int rank) { return watch->gone(rank); };
+    dead = rendezvous_->barrier("shutdown", timeoutSeconds, gone);
+    // No grace at shutdown: the RRef forks a dead worker held are released now.
+    for (int rank : dead) rrefs_->releasePeer(rank);
     // Everyone is done calling: release this worker's user RRefs and wait for
     // the owners' acks, twice (a user may be confirmed during the first pass).
     const auto deadline = started + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -87,7 +112,8 @@ std::exception_ptr Worker::leaveGracefully(double timeoutSeconds,
                                                         " call(s) still unanswered after " + limit);
       }
     }
-    rendezvous_->barrier("rref-shutdown", timeoutSeconds);
+    auto late = rendezvous_->barrier("rref-shutdown", timeoutSeconds, gone);
+    dead.insert(late.begin(), late.end());
     for (auto& entry : rrefs_->snapshot().owners) {
       if (!std::get<1>(entry).empty()) leaked->push_back(std::move(entry));
     }
@@ -107,7 +133,24 @@ std::exception_ptr Worker::leaveGracefully(double timeoutSeconds,
     return common::makeRpcError(common::ErrorKind::kTimeout,
                         "shutdown on " + me + ": not every worker reached shutdown within " + limit + " (" + why + ")");
   }
-  return failure;
+  if (failure) return failure;
+  return deadPeersFailure(dead);
+}
+
+std::exception_ptr Worker::deadPeersFailure(const std::set<int>& dead) const {
+  if (dead.empty()) return nullptr;
+  const auto reasons = peerWatch_->goneRanks();
+  std::string names;
+  for (int rank : dead) {
+    auto reason = reasons.find(rank);
+    names += (names.empty() ? "" : ", ") + peers_.at(rank).name + " (rank " + std::to_string(rank) + ": " +
+             (reason != reasons.end() ? reason->second : "found dead by another worker") + ")";
+  }
+  return common::makeRpcError(
+      common::ErrorKind::kPeerUnreachable,
+      "shutdown on " + agent_->options().name + ": " + names +
+          " died without shutting down, so the job did not end cleanly; the other workers met without it, released "
+          "their RRefs and stopped. RRefs it owned are lost; check its log for why it exited.");
 }
 
 Worker::StopReport Worker::stop(bool graceful, double timeoutSeconds) {
@@ -115,6 +158,7 @@ Worker::StopReport Worker::stop(bool graceful, double timeoutSeconds) {
   stopped_ = true;
   StopReport report;
   if (graceful) report.failure = leaveGracefully(timeoutSeconds, &report.leaked);
+  peerWatch_->stop();
   agent_->shutdown();
   rrefs_->stop();
   return report;

@@ -21,19 +21,23 @@
 // Shutdown (graceful): wait for this worker's calls; meet every worker
 // ("shutdown" barrier), serving calls meanwhile; release this worker's user
 // RRefs and wait for the owners' acks (twice: a user may be confirmed during
-// the first pass); meet again ("rref-shutdown"); stop.
+// the first pass); meet again ("rref-shutdown"); stop. A peer known dead
+// (PeerWatch::gone) is not waited for at either meeting; the shutdown then
+// finishes and reports it (PeerUnreachableError naming it).
 
 #include <c10/util/intrusive_ptr.h>
 
 #include <exception>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "agent/agent.h"
 #include "rendezvous/rendezvous.h"
 #include "rref/rref_context.h"
+#include "worker/peer_watch.h"
 
 namespace torchrpc::worker {
 
@@ -72,9 +76,13 @@ class Worker {
 
  private:
   std::exception_ptr leaveGracefully(double timeoutSeconds, std::vector<rref::OwnerTable::EntryInfo>* leaked);
+  // PeerUnreachableError naming the peers found dead at shutdown's
+  // meetings (`dead`), or null.
+  std::exception_ptr deadPeersFailure(const std::set<int>& dead) const;
 
   std::shared_ptr<agent::Agent> agent_;
   std::shared_ptr<rref::RRefContext> rrefs_;
+  std::shared_ptr<PeerWatch> peerWatch_;
   std::unique_ptr<rendezvous::Rendezvous> rendezvous_;
   std::vector<agent::PeerInfo> peers_;
   bool stopped_{false};

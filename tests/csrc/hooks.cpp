@@ -170,8 +170,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using Ctx = std::shared_ptr<torchrpc::rref::RRefContext>;
   m.def(
       "on_fork_request",
-      [](const Ctx& c, int rw, int64_t rl, int fw, int64_t fl) { c->onForkRequest({rw, rl}, {fw, fl}); },
+      [](const Ctx& c, int rw, int64_t rl, int fw, int64_t fl, int holder) {
+        c->onForkRequest({rw, rl}, {fw, fl}, holder);
+      },
+      py::arg("ctx"), py::arg("rw"), py::arg("rl"), py::arg("fw"), py::arg("fl"), py::arg("holder") = -1,
       py::call_guard<py::gil_scoped_release>());
+  // A peer declared gone (worker/peer_watch.h), and what its requests made.
+  m.def(
+      "release_peer", [](const Ctx& c, int rank) { c->releasePeer(rank); }, py::call_guard<py::gil_scoped_release>());
+  m.def("awaited_count", [](const Ctx& c, int rank) { return c->awaitedCount(rank); });
   m.def(
       "on_user_delete",
       [](const Ctx& c, int rw, int64_t rl, int fw, int64_t fl) { c->onUserDelete({rw, rl}, {fw, fl}); },

@@ -4,6 +4,7 @@ test process can build the same values locally and compare gradients."""
 
 import os
 
+import threading
 import time
 
 import torch
@@ -126,3 +127,22 @@ class Part:
     def weighted_sum(self, c):
         """Linear in the parameters: its gradient does not depend on them."""
         return (self.weight * c).sum() + self.bias.sum()
+
+
+def hold_context_with_call(to):
+    """Opens a distributed autograd context on a thread of this worker that
+    keeps it open until the process dies, after one call to `to` in it (so
+    `to` holds the context too). Returns its id."""
+    opened = []
+    ready = threading.Event()
+
+    def hold():
+        with rpc.autograd.context() as context_id:
+            rpc.rpc_sync(to, torch.add, args=(torch.ones(1, requires_grad=True), 1))
+            opened.append(context_id)
+            ready.set()
+            threading.Event().wait()
+
+    threading.Thread(target=hold, daemon=True).start()
+    assert ready.wait(10), "the call in the context did not complete"
+    return opened[0]

@@ -29,6 +29,7 @@ import threading
 import time
 
 import torchrpc as rpc
+from tests.multiprocess.worker import stops_on_signal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _live = set()  # clusters whose processes may need a stack dump
@@ -75,8 +76,8 @@ class Cluster:
         secret: the job's secret (bytes), for tests that speak the wire
             themselves; None lets rank 0 make one.
         worker_options: {rank: {RpcOptions keyword: value}} of some workers
-            (JSON values). Those are stopped with a signal, not a Python call,
-            which their callee policy may refuse.
+            (JSON values). Those whose callee policy may refuse Python calls
+            are stopped with a signal (worker.stops_on_signal).
         options: {RpcOptions keyword: value} of every rank, this one too.
     """
 
@@ -221,7 +222,7 @@ class Cluster:
             for rank in alive:
                 if rank in self.programs:
                     continue
-                if rank in self.worker_options:  # see worker.py: SIGTERM stops it gracefully, SIGUSR2 at once
+                if stops_on_signal(self.worker_options.get(rank, {})):  # see worker.py
                     self.procs[rank].send_signal(signal.SIGTERM if graceful else signal.SIGUSR2)
                     continue
                 try:

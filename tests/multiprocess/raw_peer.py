@@ -6,6 +6,7 @@ whatever bytes the test sends (whole frames: frame, read_frame)."""
 import hashlib
 import hmac
 import os
+import pickle
 import socket
 import struct
 
@@ -61,7 +62,7 @@ WIRE_VERSION = 2  # message/wire.h kWireVersion
 _FRAME_HEADER = struct.Struct("<IHHQQII")  # magic, version, type, id, payload, tensors, descriptor bytes
 
 
-def frame(type_, request_id, payload):
+def frame(type_, request_id, payload=b""):
     """A frame (message/wire.h) of one message without tensors."""
     return _FRAME_HEADER.pack(FRAME_MAGIC, WIRE_VERSION, type_, request_id, len(payload), 0, 0) + payload
 
@@ -72,3 +73,18 @@ def read_frame(s):
         _recv_exactly(s, _FRAME_HEADER.size))
     assert (magic, version, num_tensors, desc_len) == (FRAME_MAGIC, WIRE_VERSION, 0, 0)
     return type_, request_id, _recv_exactly(s, payload_len)
+
+
+RREF_FETCH = 31  # csrc/message/message_type.h
+RREF_METHOD_CALL = 35
+
+
+def rref_id(worker, local):
+    """An RRef id as the RRef messages carry it (csrc/rref/rref_messages.cpp)."""
+    return struct.pack("<iq", worker, local)
+
+
+def method_call_payload(worker, local, name):
+    """RREF_METHOD_CALL's payload: the pickled (worker, local, name, args, kwargs)
+    tuple; torch's unpickler reads Python's protocol 2 for these types."""
+    return pickle.dumps((worker, local, name, (), {}), protocol=2)

@@ -4,6 +4,7 @@ TorchScript functions that use RRefs. Every worker imports this module
 under the same name, as funcs."""
 
 import gc
+import time
 import weakref
 from typing import Any, List, Tuple
 
@@ -217,3 +218,26 @@ def live_rref_counts():
 
 def rref_of_python_value(x):
     return rpc.RRef(x)
+
+
+def remote_and_keep(key, to, name):
+    """Makes a Tracked value `name` on `to` and keeps its RRef here under `key`
+    (a fork this worker holds), once the value exists."""
+    rref = rpc.remote(to, Tracked, args=(name,))
+    rref.rpc_sync().get()
+    _stored[key] = rref
+
+
+def owner_entries(prefix):
+    """How many owner entries of this worker have an RRef id starting with `prefix`."""
+    return sum(1 for rid, *_ in rpc.rref._live_rrefs()["owners"] if rid.startswith(prefix))
+
+
+class Slow:
+    """A value whose creation takes `seconds` (the constructor sleeps)."""
+
+    def __init__(self, seconds):
+        time.sleep(seconds)
+
+    def echo(self, x):
+        return x

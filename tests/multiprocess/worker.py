@@ -8,9 +8,15 @@ import json
 import signal
 import sys
 
-# What a worker started with --options waits for instead of a stop call (its
-# callee policy may refuse Python calls): SIGTERM stops it gracefully, SIGUSR2 at once.
+# What a worker whose callee policy may refuse Python calls waits for instead
+# of a stop call (stops_on_signal): SIGTERM stops it gracefully, SIGUSR2 at once.
 _STOP_SIGNALS = {signal.SIGTERM: True, signal.SIGUSR2: False}
+
+
+def stops_on_signal(options):
+    """Whether a worker with these RpcOptions keywords waits for a stop
+    signal: its callee policy may refuse the Python stop call."""
+    return bool(options.get("script_only") or options.get("allowed_callables") is not None)
 
 
 def _die_with_parent():
@@ -29,9 +35,10 @@ def main():
     parser.add_argument("--idle-limit", type=float, default=900.0,
                         help="exit with an error after this many seconds without a stop")
     parser.add_argument("--options", type=json.loads, default={},
-                        help="more RpcOptions keywords, as a JSON object; the worker then stops on a signal")
+                        help="more RpcOptions keywords, as a JSON object")
     args = parser.parse_args()
-    if args.options:
+    signal_stop = stops_on_signal(args.options)
+    if signal_stop:
         # Blocked before any thread starts (threads inherit it), so only sigtimedwait takes them.
         signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     _die_with_parent()
@@ -59,7 +66,7 @@ def main():
     except Exception as exc:
         print(f"{args.name}: init_rpc failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         sys.exit(2)
-    if args.options:
+    if signal_stop:
         got = signal.sigtimedwait(_STOP_SIGNALS, args.idle_limit)
         graceful = None if got is None else _STOP_SIGNALS[got.si_signo]
     else:

@@ -13,18 +13,18 @@ from torchrpc import python_fallback
 from torchrpc._extension import native
 
 
-def agent_options(C, name, rank, world_size):
+def agent_options(C, name, rank, world_size, timeout):
     o = C.AgentOptions()
     o.name, o.rank, o.world_size = name, rank, world_size
-    o.num_worker_threads, o.rpc_timeout = 2, 10.0
+    o.num_worker_threads, o.rpc_timeout = 2, timeout
     o.listen_host, o.host_id = "127.0.0.1", "test-host"
     return o
 
 
 class World:
-    def __init__(self, n):
+    def __init__(self, n, timeout=10.0):
         C = native()
-        self.agents = [C.Agent(agent_options(C, f"w{r}", r, n)) for r in range(n)]
+        self.agents = [C.Agent(agent_options(C, f"w{r}", r, n, timeout)) for r in range(n)]
         addresses = [a.listen() for a in self.agents]
         peers = [(f"w{r}", r, tcp, unix, "test-host") for r, (tcp, unix) in enumerate(addresses)]
         for a in self.agents:
@@ -160,6 +160,41 @@ def test_out_of_order_messages(world):
     hooks().on_user_delete(c, 1, 778, 2, 6)
     hooks().on_child_accept(c, 2, 99)
     assert world.owners(0) == {} and c.snapshot()["pending_children"] == []
+
+
+def test_a_lost_peer_releases_its_forks_and_awaited_entries(world):
+    c = world.ctx[0]
+    owner = c.create_owner("held")
+    c.fork(owner, request_to=1)  # sent to worker1 in a request: worker1 holds it
+    kept = c.fork(owner, request_to=2)
+    hooks().on_fork_request(c, 1, 777, 1, 5, holder=1)  # worker1 holds a fork of an RRef not created yet
+    assert hooks().awaited_count(c, 1) == 1
+    hooks().release_peer(c, 1)
+    assert world.owners(0) == {owner.id(): [f"{kept[3]}:{kept[4]}"]}
+    assert hooks().awaited_count(c, 1) == 0
+
+
+def test_awaited_entries_are_capped_per_peer(world):
+    c, cap = world.ctx[0], 4096  # csrc/rref/owner_table.h kMaxAwaitedPerPeer
+    for i in range(cap):
+        hooks().on_fork_request(c, 2, 1000 + i, 1, i, holder=1)
+    with pytest.raises(RuntimeError, match=f"RRef 2:99999 does not exist .*the cap is {cap} per peer"):
+        hooks().on_fork_request(c, 2, 99999, 1, 99999, holder=1)
+    hooks().on_fork_request(c, 2, 99999, 2, 1, holder=2)  # another peer has a cap of its own
+    hooks().release_peer(c, 1)
+    assert list(world.owners(0)) == ["2:99999"]
+
+
+def test_an_awaited_rref_expires_and_answers_its_waiters():
+    world = World(2, timeout=0.3)
+    try:
+        # worker1 holds a fork of an RRef of worker0 whose creation never comes
+        never = world.ctx[1].receive((0, 0, 999, 0, 5, 0, 0))
+        ok, error = world.ctx[1].fetch(never, 10.0).result()
+        assert not ok and "did not reach w0 within" in error[1], error
+        assert world.owners(0) == {}
+    finally:
+        world.close()
 
 
 def test_cancelled_forks_are_undone(world):

@@ -1,0 +1,70 @@
+#pragma once
+
+// PeerWatch: which peers of the job died, and what this worker lets go of
+// when one does. One per Worker; created before it serves.
+//
+// A peer is lost when a connection to it closes without its GOODBYE
+// (Agent::onPeerLost). It is gone when, besides, it cannot be reached: a
+// worker that exited listens no more, so connecting is refused at once
+// (Agent::reachable). A peer whose connection merely dropped, or a stranger
+// that proved a live worker's rank and left, is reachable and so not gone.
+//
+//   lost --(grace period: AgentOptions::peerGraceSeconds)--> probe
+//     unreachable: gone; the RRef forks it held here and the awaited RRef
+//                  entries and autograd contexts its requests made are
+//                  released (RRefContext::releasePeer, Container::releasePeer)
+//     reachable:   forgotten (it lives, or came back)
+//
+// Graceful shutdown asks gone() without waiting for the grace: a dead worker
+// never reaches the shutdown barrier, and waiting for it would only time out.
+//
+// Threads: the agent's callback runs on the loop thread and only schedules;
+// probes and releases run on the timer thread; gone() on the caller's (not
+// the loop). Thread-safe.
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "agent/agent.h"
+#include "common/timers.h"
+#include "rref/rref_context.h"
+
+namespace torchrpc::worker {
+
+class PeerWatch : public std::enable_shared_from_this<PeerWatch> {
+ public:
+  // Subscribes to the agent's peer losses; call before it serves.
+  static std::shared_ptr<PeerWatch> create(std::shared_ptr<agent::Agent> agent,
+                                           std::shared_ptr<rref::RRefContext> rrefs);
+
+  // Whether `rank` was lost and cannot be reached now (probes once; a dead
+  // peer stays dead).
+  bool gone(int rank);
+  // The ranks found gone so far, with why their connection closed.
+  std::map<int, std::string> goneRanks() const;
+  // Cancels pending grace periods; later losses are ignored.
+  void stop();
+
+ private:
+  PeerWatch(std::shared_ptr<agent::Agent> agent, std::shared_ptr<rref::RRefContext> rrefs);
+  void lostFromLoop(int rank, const std::string& reason);
+  // The grace period of a loss of `rank` ended: release its state if gone.
+  void graceEnded(int rank);
+
+  // How long a probe may take to connect: a dead worker refuses at once; a
+  // slow network gets this long.
+  static constexpr double kProbeSeconds = 1.0;
+
+  const std::shared_ptr<agent::Agent> agent_;
+  const std::shared_ptr<rref::RRefContext> rrefs_;
+  common::Timers graces_;
+  mutable std::mutex mutex_;
+  std::map<int, std::string> lost_;  // rank -> why its connection closed
+  std::set<int> dead_;               // lost and found unreachable
+};
+
+}  // namespace torchrpc::worker
