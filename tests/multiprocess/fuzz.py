@@ -247,6 +247,8 @@ def _truncate(rng, data):
 
 def _huge_length(rng, data):
     # one of payloadLen (offset 16), numTensors (24), descLen (28), or a tensor's nbytes/size
+    if len(data) < HEADER.size:
+        return data
     out = bytearray(data)
     field = rng.choice(["payload", "tensors", "desc", "inner"])
     if field == "payload":
@@ -262,6 +264,8 @@ def _huge_length(rng, data):
 
 
 def _random_type_and_id(rng, data):
+    if len(data) < HEADER.size:
+        return data
     out = bytearray(data)
     type_ = rng.choice([rng.choice(list(TYPES.values())), rng.randrange(1 << 16), 0, 1, 3, 8, 9, 55])
     struct.pack_into("<HQ", out, 6, type_, rng.choice([0, 1, rng.randrange(1 << 64), (1 << 64) - 1]))
