@@ -60,3 +60,11 @@ def assert_serves_promptly(worker, baseline, what):
     assert latency < prompt_bound(baseline), (
         f"{what}: {worker} answered in {latency * 1e3:.1f} ms (median of 5); usual latency "
         f"{baseline * 1e3:.2f} ms, bound {prompt_bound(baseline) * 1e3:.0f} ms")
+
+
+# The heartbeat that tests of stopped and partitioned peers give their
+# workers (TORCHRPC_HEARTBEAT_SECONDS), and how long detection may take: up
+# to two periods (one of silence, one until the check), plus slack for a
+# noisy machine.
+HEARTBEAT_SECONDS = 2.0
+HEARTBEAT_BOUND = 2 * HEARTBEAT_SECONDS + 2.0
