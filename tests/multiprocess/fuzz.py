@@ -84,16 +84,16 @@ def declared_length(data):
 
 def read_frame(sock):
     """(type, id, payload) of the next frame the worker sends; its tensors are read and dropped."""
-    type_, id_, payload_len, _, desc_len = _unpack_header(_recv_exactly(sock, HEADER.size))
-    payload = _recv_exactly(sock, payload_len)
-    desc = _recv_exactly(sock, desc_len)
+    type_, id_, payload_len, _, desc_len = _unpack_header(raw_peer.recv_exactly(sock, HEADER.size))
+    payload = raw_peer.recv_exactly(sock, payload_len)
+    desc = raw_peer.recv_exactly(sock, desc_len)
     pos = 0
     while pos < len(desc):
         _, ndim, flags, _ = DESC.unpack_from(desc, pos)
         pos += DESC.size + 8 * ndim
         nbytes = struct.unpack_from("<Q", desc, pos)[0]
         pos += 8 + (8 if flags else 0)
-        _recv_exactly(sock, 0 if flags else nbytes)
+        raw_peer.recv_exactly(sock, 0 if flags else nbytes)
     return type_, id_, payload
 
 
@@ -101,16 +101,6 @@ def _unpack_header(data):
     magic, version, type_, id_, payload_len, num_tensors, desc_len = HEADER.unpack(data)
     assert (magic, version) == (MAGIC, VERSION), f"the worker sent a bad header {data!r}"
     return type_, id_, payload_len, num_tensors, desc_len
-
-
-def _recv_exactly(sock, n):
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError(f"closed after {len(data)} of {n} bytes")
-        data += chunk
-    return data
 
 
 # ---- valid frames of every message type (needs torch) -------------------------

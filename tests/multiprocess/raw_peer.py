@@ -6,6 +6,7 @@ whatever bytes the test sends."""
 import hashlib
 import hmac
 import os
+import pickle
 import socket
 import struct
 
@@ -18,14 +19,30 @@ def hello(rank, nonce):
     return struct.pack("<IHH", MAGIC, VERSION, 0) + nonce + struct.pack("<i", rank)
 
 
-def _recv_exactly(s, n):
+def recv_exactly(s, n):
     data = b""
     while len(data) < n:
         chunk = s.recv(n - len(data))
         if not chunk:
-            raise ConnectionError(f"closed after {len(data)} of {n} handshake bytes")
+            raise ConnectionError(f"closed after {len(data)} of {n} bytes")
         data += chunk
     return data
+
+
+class RunsCode:
+    """Unpickling this runs `touch path`: what an attacker would send."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def evil_python_call(path):
+    """A PYTHON_CALL payload (python_fallback's (digest, code, name, args,
+    kwargs)) whose unpickling creates the file `path`."""
+    return pickle.dumps((b"0" * 16, None, "evil", (RunsCode(path),), {}))
 
 
 def connect(address, secret, rank, timeout=10):
@@ -34,7 +51,7 @@ def connect(address, secret, rank, timeout=10):
     s = socket.create_connection(address, timeout=timeout)
     nonce = os.urandom(32)
     s.sendall(hello(rank, nonce))
-    proof = _recv_exactly(s, 76)
+    proof = recv_exactly(s, 76)
     magic, version, _ = struct.unpack("<IHH", proof[:8])
     assert (magic, version) == (MAGIC, VERSION)
     their_nonce, their_rank, their_mac = proof[8:40], struct.unpack("<i", proof[40:44])[0], proof[44:]

@@ -5,7 +5,6 @@ worker is alive and answers its real peer (this process) about as fast as
 before, and its memory, open files, CPU and log stay bounded."""
 
 import os
-import pickle
 import resource
 import socket
 import time
@@ -86,19 +85,9 @@ def _plain_connections(address, count):
     return socks
 
 
-class _RunsCode:
-    """Unpickling this creates a file: what an attacker would send."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.path}",))
-
-
 def test_an_unauthenticated_pickle_never_runs(job, target, tmp_path):
     marker = tmp_path / "pwned"
-    payload = pickle.dumps((b"0" * 16, None, "evil", (_RunsCode(marker),), {}))
+    payload = raw_peer.evil_python_call(marker)
     with socket.create_connection(target.address) as s:
         _send_ignoring_close(s, fuzz.frame(fuzz.TYPES["PYTHON_CALL"], 1, payload) * 4)
         assert _closed_within(s, 15), "the worker kept an unauthenticated connection that sent a frame"

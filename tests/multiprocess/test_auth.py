@@ -27,16 +27,6 @@ def job():
         yield c
 
 
-class _RunsCode:
-    """Unpickling this runs a shell command: what an attacker would send."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.path}",))
-
-
 def _addresses():
     tcp, unix = rpc.rpc_sync("worker1", funcs.debug_info)["addresses"]
     return tcp, unix
@@ -67,7 +57,7 @@ def _closed_by_peer(s):
 
 
 def _python_call_frame(marker):
-    payload = pickle.dumps((b"0" * 16, None, "evil", (_RunsCode(marker),), {}))
+    payload = raw_peer.evil_python_call(marker)
     return hooks().encode_frame(12, 1, payload, [])  # PYTHON_CALL
 
 
