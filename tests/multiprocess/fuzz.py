@@ -19,9 +19,6 @@ import struct
 import sys
 import time
 
-if __package__ in (None, ""):  # run as a script: python tests/multiprocess/fuzz.py
-    sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
-
 from tests.multiprocess import raw_peer
 
 MAGIC = 0x43505254  # message/wire.h kFrameMagic
