@@ -41,7 +41,7 @@ def _no_pending_calls_left():
 
 def test_sigkill_mid_shutdown_lets_the_survivors_finish_fast():
     """worker2 dies while worker0 and worker1 shut down gracefully: both
-    finish in seconds (not their 20 s and 30 s graceful timeouts), and an error, if any,
+    finish in seconds (not their 10 s and 30 s graceful timeouts), and an error, if any,
     names worker2. First in the file: it needs this process out of the job
     of the other tests."""
     job = Cluster(3)
@@ -51,7 +51,7 @@ def test_sigkill_mid_shutdown_lets_the_survivors_finish_fast():
         job.kill(2)
         started, error = time.monotonic(), None
         try:
-            rpc.shutdown(graceful=True, timeout=20)
+            rpc.shutdown(graceful=True, timeout=10)
         except rpc.RpcError as exc:
             error = exc
         took = time.monotonic() - started
