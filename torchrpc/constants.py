@@ -20,7 +20,7 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 << 30
 #: it stops reading from that peer.
 DEFAULT_MAX_PEER_BYTES = 4 << 30
 #: Requests from one peer a worker runs at once; later ones wait their turn.
-DEFAULT_MAX_CALLS_IN_FLIGHT = 1024
+DEFAULT_MAX_CALLS_IN_FLIGHT = 256
 #: Seconds without a sign of life from a peer that owes responses before its
 #: calls fail (0: never). TORCHRPC_HEARTBEAT_SECONDS overrides the default.
 DEFAULT_HEARTBEAT_TIMEOUT_SEC = 30.0

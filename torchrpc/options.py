@@ -47,7 +47,7 @@ class RpcOptions:
             peer until some are answered (default 4 GiB; one message larger
             than it is still taken, alone).
         max_calls_in_flight (int): requests from one peer that run at once
-            (default 1024); later ones wait their turn, in order (up to 64
+            (default 256); later ones wait their turn, in order (up to 64
             times as many; beyond that the worker stops reading). Together
             with ``max_peer_bytes`` it bounds what a peer that floods
             requests, or never reads its responses, can make this worker hold.

@@ -145,18 +145,29 @@ std::unique_ptr<auth::Handshake> Agent::handshake(auth::Handshake::Role role, in
 
 void Agent::accept(int fd, const std::string& description) {
   size_t open = 0, handshaking = 0;
+  std::shared_ptr<transport::Connection> oldest;  // of those still in their handshake
   {
     std::lock_guard<std::mutex> lock(connectionsMutex_);
-    open = connections_.size();
-    for (const auto& kv : connections_) handshaking += kv.second->peerRank() < 0 ? 1 : 0;
+    for (const auto& [id, conn] : connections_) {
+      if (conn->closed()) continue;
+      ++open;
+      if (conn->peerRank() >= 0) continue;
+      ++handshaking;
+      if (!oldest || id < oldest->id()) oldest = conn;
+    }
+  }
+  if (open >= options_.maxConnections() && handshaking == 0) {
+    ::close(fd);
+    TORCHRPC_WARN(options_.name, "refused an " << description << ": " << open << " connections are open (the cap is "
+                                              << options_.maxConnections() << ")");
+    return;
   }
   if (open >= options_.maxConnections() || handshaking >= AgentOptions::kMaxHandshaking) {
-    ::close(fd);
-    TORCHRPC_WARN(options_.name, "refused an " << description << ": " << open << " connections are open, "
-                                              << handshaking << " of them unauthenticated (caps: "
-                                              << options_.maxConnections() << " and " << AgentOptions::kMaxHandshaking
-                                              << ")");
-    return;
+    // A member proves itself in milliseconds: the oldest unproven connection
+    // is the likeliest to be an outsider's (or dead), and makes room.
+    TORCHRPC_WARN(options_.name, "closing the oldest of " << handshaking << " connections still in their handshake ("
+                                                         << oldest->description() << ") to take a new one");
+    oldest->closeOnLoop("too many connections in their handshake; this one was the oldest");
   }
   adopt(std::make_shared<transport::Connection>(*loop_, fd, description, options_.name,
                                                 handshake(auth::Handshake::Role::kAcceptor, -1), options_.limits));
@@ -448,11 +459,17 @@ void Agent::onCloseFromLoop(const std::shared_ptr<transport::Connection>& conn, 
     std::lock_guard<std::mutex> lock(connectionsMutex_);
     connections_.erase(conn->id());
   }
+  // The proven rank; else, for a connection this worker dialed, the rank it
+  // dialed (a peer that dies before its handshake is lost all the same).
   int rank = conn->peerRank();
-  if (rank >= 0 && rank < static_cast<int>(peerStates_.size())) {
-    PeerState& state = *peerStates_[rank];
+  for (int r = 0; r < static_cast<int>(peerStates_.size()); ++r) {
+    if (rank >= 0 && r != rank) continue;
+    PeerState& state = *peerStates_[r];
     std::lock_guard<std::mutex> lock(state.mutex);
-    if (state.conn == conn) state.conn.reset();
+    if (state.conn == conn) {
+      state.conn.reset();
+      rank = r;
+    }
   }
   bool goodbye = saidGoodbye_.erase(conn->id()) > 0;
   std::string peerName = rank >= 0 && rank < static_cast<int>(peers_.size()) ? peers_[rank].name

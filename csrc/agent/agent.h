@@ -161,7 +161,8 @@ class Agent : public std::enable_shared_from_this<Agent> {
   void adopt(const std::shared_ptr<transport::Connection>& conn);
   void onMessageFromLoop(const std::shared_ptr<transport::Connection>& conn, message::Message&& m,
                          transport::Ticket ticket);
-  // Accepted fd: a connection, unless the connection caps are reached.
+  // Accepted fd: a connection. At the caps the oldest connection still in its
+  // handshake makes room; with none, the new one is refused.
   void accept(int fd, const std::string& description);
   void onCloseFromLoop(const std::shared_ptr<transport::Connection>& conn, const std::string& reason);
   void onAuthenticatedFromLoop(const std::shared_ptr<transport::Connection>& conn, int rank);

@@ -1,5 +1,7 @@
 #include "message/payload.h"
 
+#include "message/pickle_check.h"
+
 #include <torch/csrc/jit/runtime/jit_exception.h>
 #include <ATen/core/function.h>
 #include <torch/csrc/jit/serialization/pickle.h>
@@ -99,6 +101,8 @@ Message ivalueMessage(MessageType type, uint64_t id, const c10::IValue& value) {
 }
 
 c10::IValue messageIValue(const Message& message) {
+  const std::string bad = checkPickle(message.payload.data(), message.payload.size());
+  TORCH_CHECK(bad.empty(), "malformed ", messageTypeName(message.type), " payload: ", bad);
   UnpickleScope scope;
   return torch::jit::unpickle(message.payload.data(), message.payload.size(), loadObject,
                               resolveType, message.tensors);

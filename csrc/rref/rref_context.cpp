@@ -184,7 +184,7 @@ ForkData RRefContext::fork(const std::shared_ptr<RRef>& rref, int requestTo) {
   } else {
     TORCH_CHECK(!std::static_pointer_cast<UserRRef>(rref)->deleted(), "RRef ", rref->id().str(),
                 " was already released (torchrpc is shutting down); it cannot be sent");
-    users_.holdChild(forkId, rref);
+    users_.holdChild(forkId, rref, requestTo);
   }
   const bool answered = !rref->isOwner() && requestTo == rref->owner();
   return ForkData{rref->owner(), rref->id(), forkId, rank_, answered};
@@ -345,6 +345,7 @@ void RRefContext::expireLater(const std::shared_ptr<OwnerRRef>& owner) {
 void RRefContext::releasePeer(int rank) {
   size_t forks = 0;
   auto erased = owners_->releasePeer(rank, &forks);
+  auto children = users_.releaseChildrenOf(rank);  // sent to it, never to be confirmed
   const std::string peer = workerLabel(rank);
   for (auto& owner : erased) {
     failAwaited(*owner, "torchrpc.errors.PeerUnreachableError",
@@ -352,12 +353,14 @@ void RRefContext::releasePeer(int rank) {
                     ", which was lost before the call that creates it reached " + workerName(),
                 workerName());
   }
-  if (forks || !erased.empty()) {
+  if (forks || !erased.empty() || !children.empty()) {
     TORCHRPC_WARN(workerName(), peer << " was lost without shutting down: released the " << forks
-                                     << " RRef fork(s) it held here; " << erased.size()
+                                     << " RRef fork(s) it held here and " << children.size()
+                                     << " sent to it unconfirmed; " << erased.size()
                                      << " owner entr(ies) it alone kept were dropped");
   }
   erased.clear();  // may free values (and take the GIL): unlocked, here
+  children.clear();
 }
 
 // ---- shutdown and introspection -----------------------------------------------------

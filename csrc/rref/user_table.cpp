@@ -9,7 +9,7 @@ namespace {
 template <typename Table>
 typename Table::mapped_type takeLocked(Table& table, const ForkId& forkId) {
   auto it = table.find(forkId);
-  if (it == table.end()) return nullptr;
+  if (it == table.end()) return {};
   auto held = std::move(it->second);
   table.erase(it);
   return held;
@@ -41,14 +41,28 @@ bool UserTable::forget(const ForkId& forkId) {
   return !cleared_;
 }
 
-void UserTable::holdChild(const ForkId& forkId, std::shared_ptr<RRef> rref) {
+void UserTable::holdChild(const ForkId& forkId, std::shared_ptr<RRef> rref, int childRank) {
   std::lock_guard<std::mutex> lock(mutex_);
-  children_[forkId] = std::move(rref);
+  children_[forkId] = Child{std::move(rref), childRank};
 }
 
 std::shared_ptr<RRef> UserTable::releaseChild(const ForkId& forkId) {
   std::lock_guard<std::mutex> lock(mutex_);
-  return takeLocked(children_, forkId);
+  return takeLocked(children_, forkId).rref;
+}
+
+std::vector<std::shared_ptr<RRef>> UserTable::releaseChildrenOf(int rank) {
+  std::vector<std::shared_ptr<RRef>> out;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = children_.begin(); it != children_.end();) {
+    if (it->second.rank == rank) {
+      out.push_back(std::move(it->second.rref));
+      it = children_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
 }
 
 std::vector<std::shared_ptr<UserRRef>> UserTable::live() const {
@@ -65,7 +79,7 @@ std::vector<std::shared_ptr<RRef>> UserTable::clear() {
   std::lock_guard<std::mutex> lock(mutex_);
   cleared_ = true;
   for (auto& kv : pending_) held.push_back(std::move(kv.second));
-  for (auto& kv : children_) held.push_back(std::move(kv.second));
+  for (auto& kv : children_) held.push_back(std::move(kv.second.rref));
   pending_.clear();
   children_.clear();
   return held;

@@ -39,9 +39,12 @@ class UserTable {
   // The UserRRef object is destroyed; false once the table was cleared.
   bool forget(const ForkId& forkId);
 
-  void holdChild(const ForkId& forkId, std::shared_ptr<RRef> rref);
+  // `childRank`: the worker it was sent to, or -1 when unknown (a response's).
+  void holdChild(const ForkId& forkId, std::shared_ptr<RRef> rref, int childRank);
   // Returns the child's RRef (or null) for the caller to drop.
   std::shared_ptr<RRef> releaseChild(const ForkId& forkId);
+  // A lost peer never confirms its children: returns their RRefs to drop.
+  std::vector<std::shared_ptr<RRef>> releaseChildrenOf(int rank);
 
   std::vector<std::shared_ptr<UserRRef>> live() const;
   // Shutdown: drops every hold; returns what it held.
@@ -58,7 +61,11 @@ class UserTable {
   bool cleared_{false};
   std::unordered_map<ForkId, std::weak_ptr<UserRRef>, GlobalIdHash> users_;
   std::unordered_map<ForkId, std::shared_ptr<UserRRef>, GlobalIdHash> pending_;
-  std::unordered_map<ForkId, std::shared_ptr<RRef>, GlobalIdHash> children_;
+  struct Child {
+    std::shared_ptr<RRef> rref;
+    int rank;
+  };
+  std::unordered_map<ForkId, Child, GlobalIdHash> children_;
 };
 
 }  // namespace torchrpc::rref

@@ -166,9 +166,9 @@ void Connection::heartbeatFromLoop() {
   const int64_t now = nowNs();
   const double silent = static_cast<double>(now - lastHeardNs_.load(std::memory_order_relaxed)) / 1e9;
   if (silent >= limits_.heartbeatSeconds) {
-    closeFromLoop("nothing heard for " + secondsText(silent) + " s while " + std::to_string(awaiting_.load()) +
-                  " request(s) awaited a response (heartbeat timeout " + secondsText(limits_.heartbeatSeconds) +
-                  " s): the peer stopped, hung or is cut off by the network");
+    closeFromLoop("the peer stopped responding: nothing heard for " + secondsText(silent) + " s while " +
+                  std::to_string(awaiting_.load()) + " request(s) awaited a response (heartbeat_timeout " +
+                  secondsText(limits_.heartbeatSeconds) + " s); it may be stopped, hung or cut off by the network");
     return;
   }
   const double sincePing = static_cast<double>(now - lastPingNs_) / 1e9;
@@ -452,6 +452,7 @@ void Connection::handleEventsFromLoop(uint32_t events) {
         closeFromLoop(err.what());
         return;
       }
+      if (!parked_.empty()) admitFromLoop();  // the backlog may have drained
     }
     if (readPaused_ && (events & (EPOLLHUP | EPOLLERR))) {
       closeFromLoop("connection reset by the peer");
@@ -485,8 +486,15 @@ bool Connection::overReadCapsFromLoop() const {
          ticketBytesOut_.load() + parkedBytes_ >= limits_.maxPeerBytes;
 }
 
+bool Connection::outgoingBacklogged() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return queuedBytes_ + lentBytes_ > kMaxQueuedBytes;
+}
+
 void Connection::admitFromLoop() {
-  while (!parked_.empty() && ticketsOut_.load() < limits_.maxCallsInFlight) {
+  // While the peer leaves kMaxQueuedBytes of ours unread, none of its
+  // requests starts: their responses would only pile up in the queue.
+  while (!parked_.empty() && ticketsOut_.load() < limits_.maxCallsInFlight && !outgoingBacklogged()) {
     Parked p = std::move(parked_.front());
     parked_.pop_front();
     parkedBytes_ -= p.bytes;

@@ -17,8 +17,9 @@
 //
 // Backpressure, incoming (Limits): each request read is admitted with a
 // Ticket, which lives until its response is written (or the request is
-// dropped). At most maxCallsInFlight tickets are out; requests beyond them
-// wait, parked in order, while responses and control frames still flow (a
+// dropped). At most maxCallsInFlight tickets are out, and none is given while
+// kMaxQueuedBytes of ours wait for the peer to read; requests beyond wait,
+// parked in order, while responses and control frames still flow (a
 // request waiting for a nested call's response must get it). When the parked
 // requests reach kParkedPerCall * maxCallsInFlight, or the requests held (in
 // flight and parked) reach maxPeerBytes, the connection stops reading until
@@ -82,7 +83,7 @@ using Ticket = std::shared_ptr<RequestTicket>;
 struct Limits {
   uint64_t maxFrameBytes{message::kDefaultMaxFrameBytes};
   uint64_t maxPeerBytes{4ull << 30};
-  size_t maxCallsInFlight{1024};
+  size_t maxCallsInFlight{256};
   double heartbeatSeconds{30.0};  // <= 0: no heartbeats
 };
 
@@ -116,6 +117,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Closes from any thread; onClose runs on the loop with this reason.
   void close(const std::string& reason);
+  // Closes at once (the fd too); on the loop thread only.
+  void closeOnLoop(const std::string& reason) { closeFromLoop(reason); }
 
   uint64_t id() const { return id_; }
   const std::string& description() const { return description_; }
@@ -150,6 +153,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // when below the caps. Loop thread.
   void admitFromLoop();
   bool overReadCapsFromLoop() const;
+  // More than kMaxQueuedBytes of ours wait for the peer to read them.
+  bool outgoingBacklogged() const;
   void heartbeatFromLoop();
   void heard() { lastHeardNs_.store(nowNs(), std::memory_order_relaxed); }
   static int64_t nowNs();

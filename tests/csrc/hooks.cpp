@@ -10,6 +10,7 @@
 #include "auth/handshake.h"
 #include "auth/hmac.h"
 #include "autograd/autograd_messages.h"
+#include "message/pickle_check.h"
 #include "message/wire.h"
 #include "rref/rref_context.h"
 #include "transport/same_host.h"
@@ -89,6 +90,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return py::make_tuple(py::capsule(new std::shared_ptr<torchrpc::message::FrameReader>(reader), [](void* p) {
       delete static_cast<std::shared_ptr<torchrpc::message::FrameReader>*>(p);
     }), reader->error());
+  });
+
+  m.def("check_pickle", [](py::bytes data) {
+    std::string bytes(data);
+    return torchrpc::message::checkPickle(bytes.data(), bytes.size());
   });
 
   // Distributed autograd's binary messages (autograd/autograd_messages.h).

@@ -30,7 +30,8 @@ def hello(rank, nonce):
     return struct.pack("<IHH", MAGIC, VERSION, 0) + nonce + struct.pack("<i", rank)
 
 
-def _recv_exactly(s, n):
+def recv_exactly(s, n):
+    """The next n bytes from socket s."""
     data = b""
     while len(data) < n:
         chunk = s.recv(n - len(data))
@@ -40,13 +41,19 @@ def _recv_exactly(s, n):
     return data
 
 
+def evil_python_call(path):
+    """A PYTHON_CALL payload (python_fallback's (digest, code, name, args,
+    kwargs)) whose unpickling creates the file `path`."""
+    return pickle.dumps((b"0" * 16, None, "evil", (TouchesFile(path),), {}))
+
+
 def connect(address, secret, rank, timeout=10):
     """A socket to `address` ("host", port) authenticated as `rank` with
     `secret`; raises if the worker's proof is wrong."""
     s = socket.create_connection(address, timeout=timeout)
     nonce = os.urandom(32)
     s.sendall(hello(rank, nonce))
-    proof = _recv_exactly(s, 76)
+    proof = recv_exactly(s, 76)
     magic, version, _ = struct.unpack("<IHH", proof[:8])
     assert (magic, version) == (MAGIC, VERSION)
     their_nonce, their_rank, their_mac = proof[8:40], struct.unpack("<i", proof[40:44])[0], proof[44:]
@@ -70,9 +77,9 @@ def frame(type_, request_id, payload=b""):
 def read_frame(s):
     """(type, id, payload) of the next frame, which must carry no tensors."""
     magic, version, type_, request_id, payload_len, num_tensors, desc_len = _FRAME_HEADER.unpack(
-        _recv_exactly(s, _FRAME_HEADER.size))
+        recv_exactly(s, _FRAME_HEADER.size))
     assert (magic, version, num_tensors, desc_len) == (FRAME_MAGIC, WIRE_VERSION, 0, 0)
-    return type_, request_id, _recv_exactly(s, payload_len)
+    return type_, request_id, recv_exactly(s, payload_len)
 
 
 RREF_FETCH = 31  # csrc/message/message_type.h

@@ -57,7 +57,7 @@ def _closed_by_peer(s):
 
 
 def _python_call_frame(marker):
-    payload = pickle.dumps((b"0" * 16, None, "evil", (raw_peer.TouchesFile(marker),), {}))
+    payload = raw_peer.evil_python_call(marker)
     return hooks().encode_frame(12, 1, payload, [])  # PYTHON_CALL
 
 

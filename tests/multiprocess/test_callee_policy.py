@@ -49,7 +49,7 @@ def _tcp_address(name):
 def _python_call_is_refused(s, marker):
     """Sends worker1 a PYTHON_CALL whose arguments create `marker` when
     unpickled; returns the answer's payload once it is an EXCEPTION."""
-    payload = pickle.dumps((b"0" * 16, None, "evil", (raw_peer.TouchesFile(marker),), {}))
+    payload = raw_peer.evil_python_call(marker)
     s.sendall(raw_peer.frame(PYTHON_CALL, 1, payload))
     type_, request_id, answer = raw_peer.read_frame(s)
     assert (type_, request_id) == (EXCEPTION, 1)

@@ -1,0 +1,410 @@
+"""Frames of the wire (csrc/message/wire.h) built by hand, and a mutation
+fuzzer that sends them to a worker as an authenticated member of the job
+(raw_peer). test_fuzz.py builds valid seed frames of every message type in
+the pytest process (it needs torch for their payloads) and runs
+``python -m tests.multiprocess.fuzz`` on them, which needs neither torch nor
+torchrpc and so starts in a blink.
+
+The fuzzer reconnects whenever the worker closes the connection, and after
+any input whose declared lengths do not match what it sent (a truncated
+frame, or a declared 1 GB payload), so that the next input starts a frame.
+"""
+
+import argparse
+import errno
+import pickle
+import random
+import socket
+import struct
+import sys
+import time
+
+from tests.multiprocess import raw_peer
+
+MAGIC = 0x43505254  # message/wire.h kFrameMagic
+VERSION = 2  # kWireVersion
+HEADER = struct.Struct("<IHHQQII")  # magic, version, type, id, payloadLen, numTensors, descLen
+DESC = struct.Struct("<BBHI")  # dtype, ndim, flags, 0; then sizes, nbytes (and address if lent)
+
+# message/message_type.h
+TYPES = {
+    "GOODBYE": 2, "LEND_OFFER": 5, "LEND_ACCEPT": 6, "LEND_RELEASE": 7,
+    "SCRIPT_CALL": 10, "BUILTIN_CALL": 11, "PYTHON_CALL": 12,
+    "SCRIPT_RET": 20, "PYTHON_RET": 21, "EXCEPTION": 29,
+    "REMOTE_CALL": 30, "RREF_FETCH": 31, "RREF_USER_DELETE": 32, "RREF_FORK_REQUEST": 33,
+    "RREF_CHILD_ACCEPT": 34, "RREF_METHOD_CALL": 35,
+    "AUTOGRAD_CALL": 50, "AUTOGRAD_RET": 51, "AUTOGRAD_BACKWARD": 52, "AUTOGRAD_CLEANUP": 53,
+    "AUTOGRAD_PASS_DONE": 54,
+}
+DTYPE_CODES = {"uint8": 0, "int8": 1, "int16": 2, "int32": 3, "int64": 4, "float16": 5, "float32": 6,
+               "float64": 7, "bool": 11}  # c10::ScalarType
+
+
+def header(type_, id_, payload_len, num_tensors=0, desc_len=0, magic=MAGIC, version=VERSION):
+    return HEADER.pack(magic, version, type_, id_, payload_len, num_tensors, desc_len)
+
+
+def descriptor(dtype, sizes, nbytes):
+    return DESC.pack(DTYPE_CODES[dtype], len(sizes), 0, 0) + struct.pack(f"<{len(sizes)}q", *sizes) + \
+        struct.pack("<Q", nbytes)
+
+
+def frame(type_, id_, payload, tensors=()):
+    """A frame; tensors are (dtype name, sizes, data bytes)."""
+    desc = b"".join(descriptor(dtype, sizes, len(data)) for dtype, sizes, data in tensors)
+    return header(type_, id_, len(payload), len(tensors), len(desc)) + payload + desc + \
+        b"".join(data for _, _, data in tensors)
+
+
+def declared_length(data):
+    """The length of the frame that `data` starts with, as its header and
+    descriptors declare it; None when they cannot be read."""
+    if len(data) < HEADER.size:
+        return None
+    _, _, _, _, payload_len, num_tensors, desc_len = HEADER.unpack_from(data)
+    pos = HEADER.size + payload_len
+    end = pos + desc_len
+    if end > len(data):
+        return None
+    tensor_bytes = 0
+    for _ in range(num_tensors):
+        if pos + DESC.size > end:
+            return None
+        _, ndim, flags, _ = DESC.unpack_from(data, pos)
+        pos += DESC.size + 8 * ndim
+        if pos + 8 > end:
+            return None
+        tensor_bytes += struct.unpack_from("<Q", data, pos)[0] if not flags else 0
+        pos += 8 + (8 if flags else 0)
+    return end + tensor_bytes
+
+
+def read_frame(sock):
+    """(type, id, payload) of the next frame the worker sends; its tensors are read and dropped."""
+    type_, id_, payload_len, _, desc_len = _unpack_header(raw_peer.recv_exactly(sock, HEADER.size))
+    payload = raw_peer.recv_exactly(sock, payload_len)
+    desc = raw_peer.recv_exactly(sock, desc_len)
+    pos = 0
+    while pos < len(desc):
+        _, ndim, flags, _ = DESC.unpack_from(desc, pos)
+        pos += DESC.size + 8 * ndim
+        nbytes = struct.unpack_from("<Q", desc, pos)[0]
+        pos += 8 + (8 if flags else 0)
+        raw_peer.recv_exactly(sock, 0 if flags else nbytes)
+    return type_, id_, payload
+
+
+def _unpack_header(data):
+    magic, version, type_, id_, payload_len, num_tensors, desc_len = HEADER.unpack(data)
+    assert (magic, version) == (MAGIC, VERSION), f"the worker sent a bad header {data!r}"
+    return type_, id_, payload_len, num_tensors, desc_len
+
+
+# ---- valid frames of every message type (needs torch) -------------------------
+
+
+class IntList(list):
+    """A List[int] for jit_pickle (a plain list arrives as List[Any])."""
+
+
+def jit_pickle(value):
+    """(payload, tensors) as torch::jit::pickle writes an IValue: protocol 2,
+    tensors replaced by torch.jit._pickle.build_tensor_from_id(index), IntLists
+    by build_intlist(list)."""
+    import io
+
+    import torch
+    from torch.jit._pickle import build_intlist, build_tensor_from_id
+
+    tensors = []
+
+    class Pickler(pickle.Pickler):
+        def reducer_override(self, obj):
+            if isinstance(obj, torch.Tensor):
+                tensors.append(_tensor(obj))
+                return build_tensor_from_id, (len(tensors) - 1,)
+            if type(obj) is IntList:
+                return build_intlist, (list(obj),)
+            return NotImplemented
+
+    buf = io.BytesIO()
+    Pickler(buf, protocol=2).dump(value)
+    return buf.getvalue(), tensors
+
+
+def script_call(id_, name, args):
+    """A SCRIPT_CALL frame of the function registered as `name`."""
+    payload, tensors = jit_pickle((name, "", tuple(args), {}, None))
+    return frame(TYPES["SCRIPT_CALL"], id_, payload, tensors)
+
+
+def _tensor(t):
+    t = t.contiguous()
+    return str(t.dtype).removeprefix("torch."), list(t.shape), t.numpy().tobytes()
+
+
+def _ids(*ids):
+    """RRef/fork ids as rref_messages.cpp writes them: i32 worker, i64 counter."""
+    return b"".join(struct.pack("<iq", worker, local) for worker, local in ids)
+
+
+def _autograd_envelope(inner_type, context_id, tensors):
+    # recorder.cpp Envelope: innerType u16, flags u8, 0 u8, 0 i32, contextId i64, sendId i64,
+    # numTensors u32, 0 u32; then one mask bit per tensor
+    return struct.pack("<HBBiqqII", inner_type, 0, 0, 0, context_id, -1, len(tensors), 0) + \
+        bytes((len(tensors) + 7) // 8)
+
+
+def seed_frames(me, python_call, python_object):
+    """Valid frames of every message type in message_type.h, sent as rank
+    `me`, with request ids 1..N. python_call and python_object: (payload,
+    tensors) of PYTHON_CALLs (torchrpc.python_fallback.encode_call) of a
+    harmless function and of a constructor of an object with a method
+    bump(int), for the RRef the frames create. Returns [(type name, frame)]."""
+    import torch
+
+    a, b = torch.arange(4, dtype=torch.float32), torch.ones(4)
+    script, script_tensors = jit_pickle(("tests.add", "", (a, b), {}, None))
+    builtin, builtin_tensors = jit_pickle(("aten::add.Tensor", (a, b, 1)))
+    # counters above 2**55: torch's unpickler reads Python's LONG1 only with 8 bytes
+    rref, fork, child = (me, 1 << 60), (me, (1 << 60) + 1), (me, (1 << 60) + 2)
+    method, _ = jit_pickle((me, 1 << 60, "bump", (2,), {}))
+    py_payload, py_tensors = python_call
+    new_payload, new_tensors = python_object
+    ret, ret_tensors = jit_pickle((a,))
+    exc, _ = jit_pickle(("ValueError", "made up", "", "f", "worker9"))
+    backward = struct.pack("<qqBIiqq", 7, 3, 0, 1, me, 1, 1) + b"\x01\x00"  # context 7, one gradient
+    pass_done = struct.pack("<q", 1) + struct.pack("<qI", 1, 0)
+    T = TYPES
+    frames = [
+        ("SCRIPT_CALL", script_call(1, "tests.add", (a, b))),
+        ("BUILTIN_CALL", frame(T["BUILTIN_CALL"], 2, builtin, builtin_tensors)),
+        ("PYTHON_CALL", frame(T["PYTHON_CALL"], 3, py_payload, [_tensor(t) for t in py_tensors])),
+        ("REMOTE_CALL", frame(T["REMOTE_CALL"], 4, _ids(rref, fork) + struct.pack("<H", T["PYTHON_CALL"]) + new_payload,
+                              [_tensor(t) for t in new_tensors])),
+        ("RREF_FETCH", frame(T["RREF_FETCH"], 5, _ids(rref))),
+        ("RREF_METHOD_CALL", frame(T["RREF_METHOD_CALL"], 6, method)),
+        ("RREF_FORK_REQUEST", frame(T["RREF_FORK_REQUEST"], 7, _ids(rref, child))),
+        ("RREF_CHILD_ACCEPT", frame(T["RREF_CHILD_ACCEPT"], 8, _ids(child))),
+        ("RREF_USER_DELETE", frame(T["RREF_USER_DELETE"], 9, _ids(rref, child))),
+        ("RREF_USER_DELETE", frame(T["RREF_USER_DELETE"], 10, _ids(rref, fork))),
+        ("AUTOGRAD_CALL", frame(T["AUTOGRAD_CALL"], 11,
+                                _autograd_envelope(T["SCRIPT_CALL"], 7, script_tensors) + script, script_tensors)),
+        ("AUTOGRAD_BACKWARD", frame(T["AUTOGRAD_BACKWARD"], 12, backward, [_tensor(a)])),
+        ("AUTOGRAD_PASS_DONE", frame(T["AUTOGRAD_PASS_DONE"], 13, pass_done)),
+        ("AUTOGRAD_CLEANUP", frame(T["AUTOGRAD_CLEANUP"], 14, struct.pack("<q", 7))),
+        # responses to nothing, and the connection's own frames
+        ("SCRIPT_RET", frame(T["SCRIPT_RET"], 15, ret, ret_tensors)),
+        ("PYTHON_RET", frame(T["PYTHON_RET"], 16, pickle.dumps(3))),
+        ("EXCEPTION", frame(T["EXCEPTION"], 17, exc)),
+        ("AUTOGRAD_RET", frame(T["AUTOGRAD_RET"], 18, _autograd_envelope(T["SCRIPT_RET"], 7, ret_tensors) + ret,
+                               ret_tensors)),
+        ("LEND_OFFER", frame(T["LEND_OFFER"], 0, struct.pack("<i", 1) + b"/proc/self/mem")),
+        ("LEND_ACCEPT", frame(T["LEND_ACCEPT"], 0, b"")),
+        ("LEND_RELEASE", frame(T["LEND_RELEASE"], 0, struct.pack("<Q", 0))),
+        ("GOODBYE", frame(T["GOODBYE"], 0, b"")),
+    ]
+    assert {name for name, _ in frames} == set(TYPES)
+    return frames
+
+
+# ---- mutations --------------------------------------------------------------
+
+_HUGE = [1 << 30, (1 << 31) - 1, 1 << 31, 1 << 32, (1 << 40) + 1, (1 << 63) - 1, (1 << 64) - 1]
+
+
+def _bit_flips(rng, data):
+    out = bytearray(data)
+    for _ in range(rng.randint(1, 8)):
+        i = rng.randrange(len(out))
+        out[i] ^= 1 << rng.randrange(8)
+    return bytes(out)
+
+
+def _byte_sets(rng, data):
+    out = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        out[rng.randrange(len(out))] = rng.choice([0, 0xFF, 0x7F, 0x80, rng.randrange(256)])
+    return bytes(out)
+
+
+def _truncate(rng, data):
+    return data[:rng.randrange(len(data))]
+
+
+def _huge_length(rng, data):
+    # one of payloadLen (offset 16), numTensors (24), descLen (28), or a tensor's nbytes/size
+    if len(data) < HEADER.size:
+        return data
+    out = bytearray(data)
+    field = rng.choice(["payload", "tensors", "desc", "inner"])
+    if field == "payload":
+        struct.pack_into("<Q", out, 16, rng.choice(_HUGE))
+    elif field == "tensors":
+        struct.pack_into("<I", out, 24, rng.choice([1 << 16, (1 << 16) + 1, 1 << 31, (1 << 32) - 1]))
+    elif field == "desc":
+        struct.pack_into("<I", out, 28, rng.choice([1 << 20, 1 << 31, (1 << 32) - 1]))
+    elif len(out) >= HEADER.size + 8:
+        pos = rng.randrange(HEADER.size, len(out) - 7)
+        struct.pack_into("<Q", out, pos, rng.choice(_HUGE))
+    return bytes(out)
+
+
+def _random_type_and_id(rng, data):
+    if len(data) < HEADER.size:
+        return data
+    out = bytearray(data)
+    type_ = rng.choice([rng.choice(list(TYPES.values())), rng.randrange(1 << 16), 0, 1, 3, 8, 9, 55])
+    struct.pack_into("<HQ", out, 6, type_, rng.choice([0, 1, rng.randrange(1 << 64), (1 << 64) - 1]))
+    return bytes(out)
+
+
+def _random_descriptors(rng, data):
+    """Replaces the descriptor section with random descriptors (sizes,
+    dtypes, flags, nbytes that may or may not agree)."""
+    if len(data) < HEADER.size:
+        return data
+    type_, id_, payload_len = HEADER.unpack_from(data)[2:5]
+    payload = data[HEADER.size:HEADER.size + payload_len]
+    descs = []
+    for _ in range(rng.randint(1, 4)):
+        ndim = rng.choice([0, 1, 2, 3, 64, 65, 255])
+        sizes = [rng.choice([0, 1, 3, 1 << 20, -1, 1 << 40, rng.randrange(1 << 63)]) for _ in range(ndim)]
+        d = struct.pack("<BBHI", rng.choice([0, 4, 6, 11, 12, 40, 255]), ndim, rng.choice([0, 0, 1, 2]), 0)
+        d += struct.pack(f"<{ndim}q", *sizes) + struct.pack("<Q", rng.choice([0, 4, 16, 1 << 30, rng.randrange(1 << 64)]))
+        if rng.random() < 0.2:
+            d += struct.pack("<Q", rng.randrange(1 << 64))  # an address, as a lent tensor's
+        descs.append(d)
+    desc = b"".join(descs)
+    body = payload + desc + bytes(rng.randrange(64))
+    return header(type_, id_, len(payload), len(descs), len(desc)) + body
+
+
+def _splice(rng, data, seeds):
+    other = rng.choice(seeds)
+    cut = rng.randrange(len(data) + 1)
+    return data[:cut] + other[rng.randrange(len(other) + 1):]
+
+
+def _random_bytes(rng, data):
+    return bytes(rng.randrange(256) for _ in range(rng.randrange(1, 96)))
+
+
+def _payload_garbage(rng, data):
+    """Keeps a valid header and framing but randomizes a span of the payload."""
+    if len(data) <= HEADER.size:
+        return data
+    out = bytearray(data)
+    start = rng.randrange(HEADER.size, len(out))
+    for i in range(start, min(len(out), start + rng.randint(1, 32))):
+        out[i] = rng.randrange(256)
+    return bytes(out)
+
+
+_MUTATIONS = [_bit_flips, _byte_sets, _truncate, _huge_length, _random_type_and_id, _random_descriptors,
+              _random_bytes, _payload_garbage]
+
+
+def inputs(seed, count, seeds):
+    """`count` inputs from `seed`: seeds as they are (1 in 8) or mutated (1 to 3 mutations)."""
+    rng = random.Random(seed)
+    for _ in range(count):
+        data = rng.choice(seeds)
+        if rng.random() < 0.125:
+            yield data
+            continue
+        for _ in range(rng.randint(1, 3)):
+            mutation = rng.choice(_MUTATIONS + [_splice])
+            data = mutation(rng, data, seeds) if mutation is _splice else mutation(rng, data)
+            if not data:
+                data = b"\0"
+        yield data
+
+
+# ---- the fuzzer process -------------------------------------------------------
+
+
+class _Peer:
+    """An authenticated connection that reconnects when the worker closes it."""
+
+    def __init__(self, address, secret, rank):
+        self.address, self.secret, self.rank = address, secret, rank
+        self.sock = None
+        self.connections = 0
+
+    def send(self, data, fresh_after):
+        if self.sock is None:
+            self.sock = raw_peer.connect(self.address, self.secret, self.rank)
+            self.sock.setblocking(False)
+            self.connections += 1
+        try:
+            view = memoryview(data)
+            while view:
+                try:
+                    view = view[self.sock.send(view):]
+                except BlockingIOError:
+                    self._drain(wait=0.01)  # the worker answers while we write
+            self._drain(wait=0)
+        except OSError as exc:  # reset or broken pipe: it closed on us
+            if exc.errno not in (errno.ECONNRESET, errno.EPIPE) and not isinstance(exc, ConnectionError):
+                raise
+            self.close()
+            return
+        if fresh_after:
+            self.close()
+
+    def _drain(self, wait):
+        """Reads (and drops) what the worker sent; raises ConnectionError once it closed."""
+        if wait:
+            import select
+            select.select([self.sock], [], [], wait)
+        while True:
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except BlockingIOError:
+                return
+            if not chunk:
+                raise ConnectionError("closed by the worker")
+
+    def close(self):
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+def run(address, secret, rank, seed, count, seeds, progress=None):
+    """Sends `count` inputs; returns the number of connections it took."""
+    peer = _Peer(address, secret, rank)
+    for i, data in enumerate(inputs(seed, count, seeds)):
+        if progress is not None and i % 1000 == 0:
+            progress(i)
+        # a frame that declares more than it has would swallow the next inputs
+        peer.send(data, fresh_after=declared_length(data) != len(data))
+    peer.close()
+    return peer.connections
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--secret-hex", required=True)
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--inputs", type=int, required=True)
+    parser.add_argument("--seeds", required=True, help="a pickle of the list of seed frames")
+    args = parser.parse_args()
+    with open(args.seeds, "rb") as f:
+        seeds = pickle.load(f)
+    started = time.monotonic()
+
+    def progress(i):
+        print(f"input {i} after {time.monotonic() - started:.1f} s", flush=True)
+
+    connections = run((args.host, args.port), bytes.fromhex(args.secret_hex), args.rank, args.seed, args.inputs,
+                      seeds, progress)
+    print(f"done: {args.inputs} inputs, {connections} connections, {time.monotonic() - started:.1f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""The bounds check of a peer's pickle (csrc/message/pickle_check.*), which
+runs before torch's unpickler trusts a declared length or memo index."""
+
+import pickle
+import struct
+
+import pytest
+import torch
+
+from tests.csrc import hooks
+
+
+def check(data):
+    return hooks().check_pickle(data)
+
+
+@pytest.mark.parametrize("value", [
+    (1, 2.5, "text", b"bytes", None, True), {"a": [1, 2, {"b": (3,)}]}, list(range(1000)), "x" * 100_000,
+    [[1.0, 2.0]] * 50, 2 ** 100,
+])
+def test_pickles_of_every_protocol_pass(value):
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        assert check(pickle.dumps(value, protocol=protocol)) == ""
+
+
+
+def test_a_declared_length_past_the_end_is_refused():
+    # BINUNICODE declaring 4 GB in a 10-byte pickle: torch would zero-fill 4 GB first.
+    bad = b"\x80\x02X" + struct.pack("<I", 0xFFFFFFF0) + b"ab."
+    assert "declares 4294967280 bytes where 3 remain" in check(bad)
+    assert "declares" in check(b"\x80\x02\x8e" + struct.pack("<Q", 1 << 60) + b".")  # BINBYTES8
+
+
+def test_a_memo_index_that_skips_ahead_is_refused():
+    # LONG_BINPUT 4e9 on the first put: torch would grow its memo to 4e9 entries.
+    bad = b"\x80\x02N" + b"r" + struct.pack("<I", 4_000_000_000) + b"."
+    assert "memo index 4000000000 skips ahead" in check(bad)
+
+
+@pytest.mark.parametrize("data, why", [
+    (b"\x80\x02\xff.", "unsupported pickle opcode"),
+    (b"\x80\x02N", "ends without STOP"),
+    (b"\x80\x02N.N", "after its STOP"),
+    (b"\x80\x02J\x01", "ends inside an argument"),
+    (b"\x80\x02X\x01", "ends inside a length"),
+    (b"\x80\x02cos\nsys", "ends inside a line argument"),
+])
+def test_truncated_or_foreign_pickles_are_refused(data, why):
+    assert why in check(data)
