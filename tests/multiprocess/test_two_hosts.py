@@ -1,10 +1,11 @@
-"""Two hosts on one machine: two network namespaces joined by a veth pair,
-a worker in each, talking TCP over the veth (no Unix socket reaches across
-namespaces). Rank 0 runs tests/multiprocess/remote_driver.py in the first
-namespace and the test asks it to run calls; `tc netem` then delays the link
-(pipelining, timeouts; skipped where the kernel has no netem qdisc), and
-finally the link goes down (a partition, which only the heartbeat can detect
-for a call with timeout=0)."""
+"""Two hosts on one machine: two network namespaces, a worker in each,
+talking TCP (no Unix socket reaches across namespaces) over a link through a
+third namespace, where tests/multiprocess/delay_line.py forwards the frames
+(a user-space netem: this machine's kernel has no sch_netem). Rank 0 runs
+tests/multiprocess/remote_driver.py in the first namespace and the test asks
+it to run calls; the link then gets 1 ms of delay each way (pipelining,
+timeouts), and finally goes down (a partition, which only the heartbeat can
+detect for a call with timeout=0)."""
 
 import contextlib
 import json
@@ -23,8 +24,8 @@ from tests.multiprocess import probes
 from tests.multiprocess.cluster import ROOT, spawn, worker_command
 
 pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"),
-    reason="needs root and the ip and tc commands to make network namespaces")
+    os.geteuid() != 0 or not shutil.which("ip"),
+    reason="needs root and the ip command to make network namespaces")
 
 PORT = 29500  # the store's port inside a fresh namespace: always free there
 
@@ -33,27 +34,43 @@ def _ip(*args):
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
 
 
+def _in_ns(ns, *argv):
+    return ["ip", "netns", "exec", ns, *argv]
+
+
 class _Hosts:
-    """Namespaces ns[0], ns[1] with veth ends dev[i] at addr[i], and the job on them."""
+    """Namespaces ns[0], ns[1] with interfaces dev[i] at addr[i], linked
+    through the middle namespace `mid` (its ends mdev[i]) by the delay line,
+    and the job on them."""
 
     def __init__(self, tmp):
         tag = f"{os.getpid() % 10000}{random.randrange(1000)}"  # interface names: 15 chars at most
         self.ns = [f"trpc{tag}a", f"trpc{tag}b"]
+        self.mid = f"trpc{tag}m"
         self.dev = [f"trv{tag}a", f"trv{tag}b"]
+        self.mdev = [f"trm{tag}a", f"trm{tag}b"]
         subnet = f"10.{random.randrange(100, 250)}.{random.randrange(256)}"
         self.addr = [f"{subnet}.1", f"{subnet}.2"]
         self.tmp = tmp
-        self.driver = self.worker = None
+        self.delay_file = os.path.join(tmp, "delay")
+        self.driver = self.worker = self.line = None
 
     def create(self):
-        for ns in self.ns:
+        for ns in (*self.ns, self.mid):
             _ip("netns", "add", ns)
             _ip("-n", ns, "link", "set", "lo", "up")
-        _ip("link", "add", self.dev[0], "type", "veth", "peer", "name", self.dev[1])
-        for ns, dev, addr in zip(self.ns, self.dev, self.addr):
+        for ns, dev, mdev, addr in zip(self.ns, self.dev, self.mdev, self.addr):
+            _ip("link", "add", dev, "type", "veth", "peer", "name", mdev)
             _ip("link", "set", dev, "netns", ns)
+            _ip("link", "set", mdev, "netns", self.mid)
             _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-            _ip("-n", ns, "link", "set", dev, "up")
+            for where, d in ((ns, dev), (self.mid, mdev)):
+                _ip("-n", where, "link", "set", d, "up")
+                subprocess.run(_in_ns(where, sys.executable, "-m", "tests.multiprocess.delay_line", "--offloads-off", d),
+                               check=True, cwd=ROOT, timeout=30)
+            _ip("-n", self.mid, "link", "set", mdev, "promisc", "on")
+        self.line = subprocess.Popen(_in_ns(self.mid, sys.executable, "-m", "tests.multiprocess.delay_line",
+                                            *self.mdev, self.delay_file), cwd=ROOT)
 
     def start(self):
         env = {"MASTER_ADDR": self.addr[0], "MASTER_PORT": str(PORT), "WORLD_SIZE": "2",
@@ -97,34 +114,26 @@ class _Hosts:
             with open(self.log_path(name)) as f:
                 sys.stderr.write(f"\n===== {name} log =====\n{f.read()[-20000:]}")
 
-    def netem(self, *spec, required=True):
-        """Applies `tc ... netem <spec>` to both ends of the link. Where the
-        kernel has no netem qdisc: skips the test if `required`, else returns False."""
-        for ns, dev in zip(self.ns, self.dev):
-            done = subprocess.run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "netem", *spec],
-                                  capture_output=True, text=True, timeout=10)
-            if "qdisc kind is unknown" in done.stderr:
-                if required:
-                    pytest.skip("this kernel has no netem qdisc (sch_netem) to delay the link")
-                return False
-            assert done.returncode == 0, done.stderr
-        return True
+    def delay(self, seconds):
+        """Each frame crosses the link `seconds` late, each way (within 50 ms)."""
+        with open(self.delay_file, "w") as f:
+            f.write(str(seconds))
+        time.sleep(0.1)
 
     def partition(self):
         """Takes both ends of the link down: packets are dropped, nothing is reset."""
         for ns, dev in zip(self.ns, self.dev):
             _ip("-n", ns, "link", "set", dev, "down")
 
-    def clear_netem(self):
-        for ns, dev in zip(self.ns, self.dev):
-            subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], capture_output=True, timeout=10)
-
     def destroy(self):
-        for proc in (self.driver, self.worker):
+        for proc in (self.driver, self.worker, self.line):
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=10)
-        for ns in self.ns:  # deleting a namespace deletes its veth end, and with it the pair
+        if self.driver is not None:
+            self.driver.stdin.close()
+            self.driver.stdout.close()
+        for ns in (*self.ns, self.mid):  # deleting a namespace deletes its veth ends, and with them the pairs
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
 
 
@@ -140,12 +149,13 @@ def hosts(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def _delayed(hosts, required=True):
-    """The link with 1 ms of delay each way (when netem exists or is required)."""
+def _delayed(hosts):
+    """The link with 1 ms of delay each way."""
+    hosts.delay(0.001)
     try:
-        yield hosts.netem("delay", "1ms", required=required)
+        yield
     finally:
-        hosts.clear_netem()
+        hosts.delay(0)
 
 
 def test_calls_over_tcp_between_namespaces(hosts):
@@ -159,13 +169,12 @@ def test_calls_pipeline_over_a_delayed_link(hosts):
     with _delayed(hosts):
         one = hosts.ask("latency", 5)
         many = hosts.ask("pipelined", 100)
-    assert one >= 0.002, f"one call took {one * 1e3:.2f} ms: netem's 2 ms round trip did not apply"
+    assert one >= 0.002, f"one call took {one * 1e3:.2f} ms: the link's 2 ms round trip did not apply"
     assert many < 100 * 0.002 / 2, f"100 calls in flight took {many * 1e3:.0f} ms; one after another take 200 ms"
 
 
 def test_timeouts_fire_on_time_over_a_delayed_link(hosts):
-    # where the kernel has no netem, over the plain link: still TCP between hosts
-    with _delayed(hosts, required=False):
+    with _delayed(hosts):
         took, error = hosts.ask("timed_call", "sleep", [2.0], 0.5)
     assert error is not None and error[0] == "RpcTimeoutError", error
     assert 0.5 <= took < 0.8, f"a 0.5 s timeout fired after {took:.2f} s"
