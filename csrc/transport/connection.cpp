@@ -470,8 +470,9 @@ void Connection::handleEventsFromLoop(uint32_t events) {
 void Connection::ticketReturned(uint64_t bytes) {
   ticketsOut_.fetch_sub(1);
   ticketBytesOut_.fetch_sub(bytes);
-  // Only parked requests or a paused read wait for it; admit on the loop.
-  if (admitQueued_.exchange(true)) return;
+  // Only parked requests or a paused read wait for it (admitFromLoop
+  // publishes that before its last look at ticketsOut_): admit on the loop.
+  if (!admissionWaits_.load() || admitQueued_.exchange(true)) return;
   std::weak_ptr<Connection> weak = weak_from_this();
   loop_.defer([weak] {
     if (auto self = weak.lock()) {
@@ -494,20 +495,28 @@ bool Connection::outgoingBacklogged() const {
 void Connection::admitFromLoop() {
   // While the peer leaves kMaxQueuedBytes of ours unread, none of its
   // requests starts: their responses would only pile up in the queue.
-  while (!parked_.empty() && ticketsOut_.load() < limits_.maxCallsInFlight && !outgoingBacklogged()) {
-    Parked p = std::move(parked_.front());
-    parked_.pop_front();
-    parkedBytes_ -= p.bytes;
-    ticketsOut_.fetch_add(1);
-    ticketBytesOut_.fetch_add(p.bytes);
-    onMessage_(shared_from_this(), std::move(p.message), std::make_shared<RequestTicket>(weak_from_this(), p.bytes));
-  }
-  const bool paused = overReadCapsFromLoop();
+  auto admissible = [this] {
+    return !parked_.empty() && ticketsOut_.load() < limits_.maxCallsInFlight && !outgoingBacklogged();
+  };
+  bool paused;
+  do {
+    while (admissible()) {
+      Parked p = std::move(parked_.front());
+      parked_.pop_front();
+      parkedBytes_ -= p.bytes;
+      ticketsOut_.fetch_add(1);
+      ticketBytesOut_.fetch_add(p.bytes);
+      onMessage_(shared_from_this(), std::move(p.message),
+                 std::make_shared<RequestTicket>(weak_from_this(), p.bytes));
+      if (closeFired_) return;
+    }
+    paused = overReadCapsFromLoop();
+    admissionWaits_.store(!parked_.empty() || paused);
+  } while (admissible());  // a ticket returned before admissionWaits_ was set
+  if (paused == readPaused_) return;  // only the loop writes it
   std::lock_guard<std::mutex> lock(mutex_);
-  if (paused != readPaused_) {
-    readPaused_ = paused;
-    updateInterestLocked();
-  }
+  readPaused_ = paused;
+  updateInterestLocked();
 }
 
 void Connection::deliverFromLoop(message::ReceivedFrame&& f) {

@@ -220,6 +220,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<size_t> ticketsOut_{0};
   std::atomic<uint64_t> ticketBytesOut_{0};
   std::atomic<bool> admitQueued_{false};  // an admitFromLoop is deferred
+  std::atomic<bool> admissionWaits_{false};  // requests parked or reading paused: a returned ticket admits
   std::deque<Parked> parked_;             // loop thread only
   uint64_t parkedBytes_{0};               // loop thread only
 
