@@ -385,20 +385,29 @@ def encode_value(value, name="<value>"):
 method_runners = []
 
 
-def _refusal(name):
-    """Why RpcOptions(allowed_callables=...) of this worker refuses the Python
-    callable `name` ("module.qualname"), or None."""
+def _allowlist_agent():
+    """The agent that checks RpcOptions(allowed_callables=...) of this worker,
+    or None when everything is allowed (at once: this runs on every call)."""
     session = state.current()
-    if session is None or session.options.allowed_callables is None:
-        return None
-    return session.agent.callable_refusal(name)
+    return None if session is None or session.options.allowed_callables is None else session.agent
 
 
 def method_refusal(obj, name):
     """Why allowed_callables refuses the method obj.name, named
     "module.Class.method", or None."""
+    agent = _allowlist_agent()
+    if agent is None:
+        return None
     cls = type(obj)
-    return _refusal(f"{cls.__module__}.{cls.__qualname__}.{name}")
+    return agent.callable_refusal(f"{cls.__module__}.{cls.__qualname__}.{name}")
+
+
+def _function_refusal(fn):
+    """Why allowed_callables refuses the loaded callee fn, or None."""
+    agent = _allowlist_agent()
+    if agent is None or any(fn is runner for runner in method_runners):
+        return None
+    return agent.callable_refusal(_qualified_name(fn))
 
 
 def _qualified_name(fn):
@@ -427,7 +436,7 @@ def _run(payload, tensors):
                 return ("err", errors.UnknownFunctionError.REMOTE_TYPE, f"function {name!r} is not cached here", "", name)
             if isinstance(fn, bytes):
                 fn = _load_function(fn)
-        why = None if any(fn is runner for runner in method_runners) else _refusal(_qualified_name(fn))
+        why = _function_refusal(fn)
         if why is not None:
             return ("err", errors.CalleePolicyError.REMOTE_TYPE, why, "", name)
         result = fn(*(args or ()), **(kwargs or {}))

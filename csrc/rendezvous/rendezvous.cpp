@@ -96,14 +96,29 @@ void Rendezvous::waitForAll(const std::string& tag, const std::string& prefix,
                             std::set<int>* goneRanks) {
   std::vector<int> missing;
   for (int r = 0; r < worldSize_; ++r) missing.push_back(r);
-  // Short polls: a barrier is met within milliseconds when all are there;
-  // the interval grows to bound the store's load while someone is late.
-  auto interval = std::chrono::milliseconds(2);
+  // Each missing rank's key is awaited in the store (which answers the
+  // moment it is set) for at most kGoneCheck, so that a rank known dead is
+  // noticed between waits.
+  constexpr auto kGoneCheck = std::chrono::milliseconds(50);
   while (true) {
     std::vector<int> still;
     for (int r : missing) {
+      const std::string key = prefix + std::to_string(r);
       const std::string goneKey = tag + "/gone/" + std::to_string(r);
-      if (store_->check({prefix + std::to_string(r)})) continue;
+      if (still.empty()) {  // block on the first one still missing
+        auto wait = std::min<std::chrono::steady_clock::duration>(
+            kGoneCheck, std::max(deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration(0)));
+        try {
+          store_->wait({key}, std::chrono::duration_cast<std::chrono::milliseconds>(wait) +
+                                  std::chrono::milliseconds(1));
+          continue;
+        } catch (const c10::Error&) {  // DistStoreError "Wait timeout" (or a store that failed: the deadline tells)
+          // not yet: look for news of its death below
+        }
+      } else if (store_->check({key})) {
+        continue;
+      }
+      if (store_->check({key})) continue;
       if (store_->check({goneKey})) {
         goneRanks->insert(r);
         continue;
@@ -122,8 +137,6 @@ void Rendezvous::waitForAll(const std::string& tag, const std::string& prefix,
       for (int r : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
       C10_THROW_ERROR(DistStoreError, "barrier '" + tag + "': rank(s) " + ranks + " did not arrive in time");
     }
-    std::this_thread::sleep_for(interval);
-    interval = std::min(interval * 2, std::chrono::milliseconds(50));
   }
 }
 
