@@ -29,6 +29,7 @@ import threading
 import time
 
 import torchrpc as rpc
+from tests.multiprocess import remote_host
 from tests.multiprocess.worker import stops_on_signal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -105,17 +106,18 @@ class Cluster:
         # how this process joins (init_rpc keyword arguments), and how workers do
         self.env = {}
         self.worker_args = []
+        master = remote_host.master_address()
         if init == "tcp":
-            self.init_method = f"tcp://127.0.0.1:{port}"
+            self.init_method = f"tcp://{master}:{port}"
         elif init == "file":
             self.init_method = "file://" + os.path.join(self.dir, "rendezvous")
         elif init == "env":  # what torchrun sets; workers read their rank from RANK
             self.init_method = "env://"
-            self.env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            self.env = {"MASTER_ADDR": master, "MASTER_PORT": str(port),
                         "WORLD_SIZE": str(world_size)}
         elif init == "store":
             self.init_method = None
-            self.worker_args = ["--store", f"127.0.0.1:{port}"]
+            self.worker_args = ["--store", f"{master}:{port}"]
         else:
             raise ValueError(f"unknown init {init!r}")
 
@@ -149,7 +151,7 @@ class Cluster:
             else:
                 cmd = worker_command(rank, self.world_size, self.init_method or "env://", threads=self.threads,
                                      options=self.worker_options.get(rank), extra=self.worker_args)
-            self.procs[rank] = spawn(cmd, self.log_path(rank),
+            self.procs[rank] = spawn(remote_host.command(cmd), self.log_path(rank),
                                      env=dict(self.env, RANK=str(rank), **secret_env, **self.worker_env.get(rank, {})))
         try:
             with _environment(self.env):

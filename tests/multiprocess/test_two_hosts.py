@@ -187,3 +187,18 @@ def test_a_partition_fails_a_call_without_timeout_within_the_heartbeat(hosts):
     assert error is not None and error[0] == "PeerUnreachableError", error
     assert "worker1" in error[1] and "stopped responding" in error[1], error[1]
     assert took < probes.HEARTBEAT_BOUND, f"the partition was detected after {took:.1f} s"
+
+
+# Functional modules that run again with their workers on a second host
+# (remote_host.py): calls of every kind, RRefs, TorchScript RPC, distributed
+# autograd and the optimizer, over TCP between namespaces.
+FUNCTIONAL = ["test_calls.py", "test_rref.py", "test_script_rpc.py", "test_autograd.py", "test_optim.py"]
+
+
+def test_functional_modules_pass_with_workers_on_another_host():
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+         *(os.path.join("tests", "multiprocess", m) for m in FUNCTIONAL)],
+        cwd=ROOT, env=dict(os.environ, TORCHRPC_TEST_REMOTE_HOST="1"), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout.splitlines()[-1], done.stdout[-2000:]
