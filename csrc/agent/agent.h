@@ -1,6 +1,6 @@
 #pragma once
 
-// Agent: one per initialised worker. It owns the loop, the listener, the
+// Agent: one per initialised worker (its connections: agent_connections.cpp). It owns the loop, the listener, the
 // connections, the thread pool and the table of pending calls, and is the only
 // component that knows request ids and deadlines.
 //

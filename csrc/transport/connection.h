@@ -1,6 +1,7 @@
 #pragma once
 
-// Connection: one stream socket carrying frames both ways.
+// Connection: one stream socket carrying frames both ways. Its limits
+// (admission, read backpressure, heartbeats) are in connection_limits.cpp.
 //
 // Ownership: held by shared_ptr (the agent's peer table and the loop handler,
 // which holds a weak reference). Threads: reads and close() run on the loop;
