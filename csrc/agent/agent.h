@@ -1,8 +1,9 @@
 #pragma once
 
-// Agent: one per initialised worker (its connections: agent_connections.cpp). It owns the loop, the listener, the
-// connections, the thread pool and the table of pending calls, and is the only
-// component that knows request ids and deadlines.
+// Agent: one per initialised worker. It owns the loop, the listener, the
+// connections (agent_connections.cpp), the thread pool and the table of
+// pending calls, and is the only component that knows request ids and
+// deadlines.
 //
 // Flow. send() assigns an id, records the call in Pending, picks (or lazily
 // opens) the connection to the peer and writes the frame; it returns a future.
