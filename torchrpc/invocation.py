@@ -1,9 +1,20 @@
 """A call in flight on the caller: :class:`Invocation` (what rpc_sync waits
 on) and :class:`InvocationFuture` (what rpc_async returns)."""
 
+import threading
+
 import torch
 
 from torchrpc import errors, state
+
+# Set on the callback thread while it settles a call (and so runs the
+# future's callbacks): a callback that waits for another call's future must
+# settle that future itself, since the thread that would is this one.
+_settling = threading.local()
+
+
+def _in_callback():
+    return getattr(_settling, "depth", 0) > 0
 
 
 class Invocation:
@@ -48,7 +59,11 @@ class Invocation:
             taken = _take(pending)
             if taken is not None:
                 invocation, future = taken
-                invocation._settle(future)
+                _settling.depth = getattr(_settling, "depth", 0) + 1
+                try:
+                    invocation._settle(future)
+                finally:
+                    _settling.depth -= 1
 
         self.call.add_done_callback(state.callbacks(), done)
 
@@ -94,14 +109,22 @@ class InvocationFuture(torch.futures.Future):
     hand-over from that thread (a wake-up and the GIL), so
     ``rpc_async(...).wait()`` costs about what rpc_sync does, also while
     that thread is busy. Once a callback has been added, only the callback
-    thread settles it, so callbacks keep running there."""
+    thread settles it, so callbacks keep running there; a callback that
+    waits for another call (or for a future chained to one with ``then``)
+    is on that thread, so it settles that call itself instead of waiting
+    for itself."""
 
     _invocation = None  # the call that settles it; None once settled
     _callbacks_added = False
 
     def wait(self):
+        self._drive()
+        return super().wait()
+
+    def _drive(self):
+        """Settles this future on this thread when it may (see the class)."""
         inv = self._invocation
-        while inv is not None and not self._callbacks_added and not self.done():
+        while inv is not None and (not self._callbacks_added or _in_callback()) and not self.done():
             # Returns once the call is done (polls, then sleeps, without the
             # GIL). If it completed before this thread claimed it, its `done`
             # is queued on the callback thread, which may be busy: this thread
@@ -110,12 +133,52 @@ class InvocationFuture(torch.futures.Future):
             if not inv.settle(self):
                 break
             inv = self._invocation  # the resent call, or None
-        return super().wait()
 
     def then(self, callback):
         self._callbacks_added = True
-        return super().then(callback)
+        return _chain(self, callback)
 
     def add_done_callback(self, callback):
         self._callbacks_added = True
         super().add_done_callback(callback)
+
+
+class _ChainedFuture(torch.futures.Future):
+    """What ``then`` returns: completed with the callback's value (or its
+    exception) when the future it follows completes. Waited for inside a
+    callback, it drives that future first (InvocationFuture._drive)."""
+
+    _parent = None
+
+    def wait(self):
+        self._drive()
+        return super().wait()
+
+    def _drive(self):
+        if self._parent is not None and not self.done():
+            self._parent._drive()
+
+    def then(self, callback):
+        return _chain(self, callback)
+
+
+def _chain(parent, callback):
+    if not callable(callback):  # torch's then refuses it (pybind's words, which code matches on)
+        raise TypeError(f"then(): incompatible function arguments. The callback must be callable; got "
+                        f"{type(callback).__name__}")
+    child = _ChainedFuture()
+    child._parent = parent
+
+    def run(done):
+        child._parent = None
+        try:
+            value = callback(done)
+        except Exception as exc:  # as torch's then reports it (a RuntimeError), caused by exc
+            error = RuntimeError(f"Got the following error when running the callback: {type(exc).__name__}: {exc}")
+            error.__cause__ = exc
+            child.set_exception(error)
+            return
+        child.set_result(value)
+
+    torch.futures.Future.add_done_callback(parent, run)
+    return child

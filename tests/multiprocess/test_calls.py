@@ -249,6 +249,18 @@ def test_future_carries_the_remote_error():
         then.wait()
 
 
+def test_a_callback_may_wait_for_another_call_and_its_chain():
+    # Callbacks run on the callback thread; one that waits for another call's
+    # future (chained too) settles it itself instead of waiting for itself
+    # (upstream's test_callback_with_ret hung here).
+    def callback(first):
+        chained = rpc.rpc_async("worker1", torch.add, args=(first.wait(), 1)).then(lambda f: f.wait() + 1)
+        return chained.then(lambda f: f.wait() * 10).wait()
+
+    fut = rpc.rpc_async("worker1", torch.add, args=(torch.ones(2), 1)).then(callback)
+    assert fut.wait().tolist() == [40.0, 40.0]
+
+
 def test_waiting_on_a_future_does_not_need_the_callback_thread():
     # the callback thread is kept busy for up to 2 s; waiters complete their own futures
     entered, release = threading.Event(), threading.Event()
