@@ -78,9 +78,9 @@ def _agent_options(name, rank, world_size, options):
     o.host_id = rendezvous.host_id()
     o.secret = options.secret or b""
     o.callee_policy = options.callee_policy()
-    for field in ("num_worker_threads", "rpc_timeout", "max_message_bytes", "max_peer_bytes", "max_calls_in_flight",
-                  "heartbeat_timeout"):
-        setattr(o, field, getattr(options, field))
+    o.num_worker_threads, o.rpc_timeout = options.num_worker_threads, options.rpc_timeout
+    for field in ("max_message_bytes", "max_peer_bytes", "max_calls_in_flight", "heartbeat_timeout"):
+        setattr(o.limits, field, getattr(options, field))
     return o
 
 

@@ -26,12 +26,6 @@ std::chrono::steady_clock::time_point deadlineAfter(double seconds) {
              std::chrono::duration<double>(seconds));
 }
 
-std::string secondsText(std::chrono::steady_clock::duration d) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.2f", std::chrono::duration<double>(d).count());
-  return buf;
-}
-
 // A PYTHON_RET payload as a uint8 tensor that owns the bytes (no copy).
 at::Tensor bytesTensor(std::string&& bytes) {
   auto* owned = new std::string(std::move(bytes));

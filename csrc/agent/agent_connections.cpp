@@ -12,16 +12,6 @@
 
 namespace torchrpc::agent {
 
-namespace {
-
-std::string secondsText(std::chrono::steady_clock::duration d) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.2f", std::chrono::duration<double>(d).count());
-  return buf;
-}
-
-}  // namespace
-
 std::unique_ptr<auth::Handshake> Agent::handshake(auth::Handshake::Role role, int dst) const {
   // Any rank of the job but this one's (a peer may connect before setPeers).
   const int worldSize = options_.worldSize, self = options_.rank;
@@ -147,7 +137,8 @@ void Agent::onCloseFromLoop(const std::shared_ptr<transport::Connection>& conn, 
     }
   }
   pending_.failConnection(conn->id(), common::ErrorKind::kPeerUnreachable, [&](const Pending::Call& c) {
-    std::string elapsed = secondsText(std::chrono::steady_clock::now() - c.start);
+    std::string elapsed =
+        common::secondsText(std::chrono::duration<double>(std::chrono::steady_clock::now() - c.start).count());
     if (goodbye) {
       return c.description + ": " + peerName + " shut down after " + elapsed +
              " s, before a response arrived";

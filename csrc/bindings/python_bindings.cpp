@@ -206,8 +206,14 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("local_host_id", &torchrpc::worker::localHostId);
 
-  // The lifecycle (worker/worker.h). before_serving(agent, rref_context)
-  // installs the Python handlers and session before the first call is served.
+  // A connection's limits (transport/connection.h Limits), as RpcOptions names them.
+  using torchrpc::transport::Limits;
+  py::class_<Limits>(m, "Limits")
+      .def_readwrite("max_message_bytes", &Limits::maxFrameBytes)
+      .def_readwrite("max_peer_bytes", &Limits::maxPeerBytes)
+      .def_readwrite("max_calls_in_flight", &Limits::maxCallsInFlight)
+      .def_readwrite("heartbeat_timeout", &Limits::heartbeatSeconds);
+
   // What a worker is (agent/agent.h AgentOptions), filled by torchrpc.lifecycle.
   py::class_<torchrpc::agent::AgentOptions>(m, "AgentOptions")
       .def(py::init<>())
@@ -218,21 +224,10 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("rpc_timeout", &torchrpc::agent::AgentOptions::defaultTimeoutSeconds)
       .def_readwrite("listen_host", &torchrpc::agent::AgentOptions::listenHost)
       .def_readwrite("host_id", &torchrpc::agent::AgentOptions::hostId)
+      .def_readwrite("limits", &torchrpc::agent::AgentOptions::limits)  // a reference: set its fields
       .def_property(
           "secret", [](const torchrpc::agent::AgentOptions& o) { return py::bytes(o.secret); },
           [](torchrpc::agent::AgentOptions& o, const py::bytes& s) { o.secret = std::string(s); })
-      .def_property(
-          "max_message_bytes", [](const torchrpc::agent::AgentOptions& o) { return o.limits.maxFrameBytes; },
-          [](torchrpc::agent::AgentOptions& o, uint64_t v) { o.limits.maxFrameBytes = v; })
-      .def_property(
-          "max_peer_bytes", [](const torchrpc::agent::AgentOptions& o) { return o.limits.maxPeerBytes; },
-          [](torchrpc::agent::AgentOptions& o, uint64_t v) { o.limits.maxPeerBytes = v; })
-      .def_property(
-          "max_calls_in_flight", [](const torchrpc::agent::AgentOptions& o) { return o.limits.maxCallsInFlight; },
-          [](torchrpc::agent::AgentOptions& o, size_t v) { o.limits.maxCallsInFlight = v; })
-      .def_property(
-          "heartbeat_timeout", [](const torchrpc::agent::AgentOptions& o) { return o.limits.heartbeatSeconds; },
-          [](torchrpc::agent::AgentOptions& o, double v) { o.limits.heartbeatSeconds = v; })
       // Set from RpcOptions.callee_policy(); read back as (script_only, allowed or None, ...).
       .def_property(
           "callee_policy",

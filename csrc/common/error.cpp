@@ -1,5 +1,7 @@
 #include "common/error.h"
 
+#include <cstdio>
+
 #include <cstring>
 
 namespace torchrpc::common {
@@ -49,6 +51,12 @@ std::string errnoMessage(const char* what, int err) {
   char buf[256];
   const char* text = strerror_r(err, buf, sizeof(buf));
   return std::string(what) + ": " + text + " (errno " + std::to_string(err) + ")";
+}
+
+std::string secondsText(double seconds, int decimals) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.*f", decimals, seconds);
+  return buf;
 }
 
 }  // namespace torchrpc::common

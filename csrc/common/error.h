@@ -88,4 +88,7 @@ struct Fallible {
 // errno as text, for transport errors: "connect: Connection refused (errno 111)".
 std::string errnoMessage(const char* what, int err);
 
+// Seconds for a message, with `decimals` digits: "0.50".
+std::string secondsText(double seconds, int decimals = 2);
+
 }  // namespace torchrpc::common

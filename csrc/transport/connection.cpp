@@ -251,10 +251,10 @@ bool Connection::acceptsWithoutWaiting(uint64_t bytes) const {
 }
 
 void Connection::updateInterestLocked() {
-  wantWrite_ = authenticated_ && !queue_.empty();
+  const bool wantWrite = authenticated_ && !queue_.empty();
   // Paused, it hears of a hang-up through EPOLLHUP / EPOLLERR, which epoll
   // always reports.
-  uint32_t events = (readPaused_ ? 0u : (EPOLLIN | EPOLLRDHUP)) | (wantWrite_ ? EPOLLOUT : 0u);
+  uint32_t events = (readPaused_ ? 0u : (EPOLLIN | EPOLLRDHUP)) | (wantWrite ? EPOLLOUT : 0u);
   if (events != interest_ && token_ != 0 && !closed_) {
     interest_ = events;
     loop_.modify(fd_, token_, events);

@@ -203,7 +203,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::condition_variable drained_;
   std::deque<Pending> queue_;
   uint64_t queuedBytes_{0};
-  bool wantWrite_{false};
   bool readPaused_{false};  // over the read caps: EPOLLIN off
   uint32_t interest_{0};    // the events registered with the loop
   bool closed_{false};

@@ -19,12 +19,6 @@ uint64_t messageBytes(const message::Message& m) {
   return bytes;
 }
 
-std::string secondsText(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f", s);
-  return buf;
-}
-
 }  // namespace
 
 RequestTicket::~RequestTicket() {
@@ -61,9 +55,9 @@ void Connection::heartbeatFromLoop() {
   const int64_t now = nowNs();
   const double silent = static_cast<double>(now - lastHeardNs_.load(std::memory_order_relaxed)) / 1e9;
   if (silent >= limits_.heartbeatSeconds) {
-    closeFromLoop("the peer stopped responding: nothing heard for " + secondsText(silent) + " s while " +
+    closeFromLoop("the peer stopped responding: nothing heard for " + common::secondsText(silent, 1) + " s while " +
                   std::to_string(awaiting_.load()) + " request(s) awaited a response (heartbeat_timeout " +
-                  secondsText(limits_.heartbeatSeconds) + " s); it may be stopped, hung or cut off by the network");
+                  common::secondsText(limits_.heartbeatSeconds, 1) + " s); it may be stopped, hung or cut off by the network");
     return;
   }
   const double sincePing = static_cast<double>(now - lastPingNs_) / 1e9;
