@@ -15,7 +15,7 @@ import functools
 
 import torch
 
-from torchrpc import constants, errors, python_fallback, shipped_code, state
+from torchrpc import constants, errors, functions, python_fallback, shipped_code, state
 from torchrpc._extension import native
 from torchrpc.invocation import Invocation
 
@@ -154,7 +154,9 @@ class _Script(_Callee):
             shipped = None
         else:
             shipped = shipped_code.with_code(fn, dst.id) if again else shipped_code.reference(fn, dst.id)
-        return native().script_message(self.name, self.module, fn, args, kwargs, shipped), self.name, ()
+        message = native().script_message(self.name, self.module, fn, args, kwargs, shipped,
+                                          functions.is_async_execution(fn))
+        return message, self.name, ()
 
 
 class _Builtin(_Callee):

@@ -316,9 +316,10 @@ def _finish(result, name, fn, now, later=None):
         return now(result)
     future = result.future if deferred else result
     if not isinstance(future, torch._C.Future):
-        return _error(TypeError(
+        return _error(RuntimeError(
             f"{name!r} is decorated with @torchrpc.functions.async_execution, so it must return a "
-            f"torch.futures.Future; it returned {type(future).__name__}"), name)
+            f"torch.futures.Future of its result. Functions decorated with @rpc.async_function must "
+            f"return a torch.futures.Future object, but got {type(future).__name__}"), name)
     later = later or _outcome
     return ("async", future.then(lambda done: later(done, name)))
 

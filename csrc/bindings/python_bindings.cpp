@@ -272,8 +272,9 @@ PYBIND11_MODULE(_C, m) {
   // remote() (RRefContext.remote).
   py::class_<OutgoingMessage>(m, "Message");
   m.def("script_message", [](const std::string& name, const std::string& moduleHint, py::handle fn,
-                             const py::tuple& args, const py::dict& kwargs, const py::object& shipped) {
-    return OutgoingMessage{pf::scriptCallMessage(name, moduleHint, fn, args, kwargs, shipped)};
+                             const py::tuple& args, const py::dict& kwargs, const py::object& shipped,
+                             bool asyncExecution) {
+    return OutgoingMessage{pf::scriptCallMessage(name, moduleHint, fn, args, kwargs, shipped, asyncExecution)};
   });
   m.def("named_message", [](const std::string& name, const py::tuple& args, const py::dict& kwargs,
                             const std::string& kind) {

@@ -67,7 +67,7 @@ c10::impl::GenericDict anyDict(const py::dict& kwargs) {
 }  // namespace
 
 message::Message scriptCallMessage(const std::string& name, const std::string& moduleHint, py::handle fn, const py::tuple& args,
-                          const py::dict& kwargs, const py::object& shipped) {
+                          const py::dict& kwargs, const py::object& shipped, bool asyncExecution) {
   auto f = py::cast<torch::jit::StrongFunctionPtr>(fn);
   const auto& schema = f.function_->getSchema();
   std::vector<c10::IValue> stack;
@@ -79,7 +79,7 @@ message::Message scriptCallMessage(const std::string& name, const std::string& m
   c10::IValue code = shipped.is_none() ? c10::IValue() : torch::jit::toIValue(shipped, c10::AnyType::get());
   return script_dispatch::scriptCallMessage(name, moduleHint, std::move(stack),
                                             c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()),
-                                            std::move(code));
+                                            std::move(code), asyncExecution);
 }
 
 message::Message namedCallMessage(const std::string& name, const py::tuple& args, const py::dict& kwargs,

@@ -21,10 +21,11 @@ namespace torchrpc::python_fallback {
 
 // A SCRIPT_CALL of the TorchScript function `fn` (a torch.jit.ScriptFunction),
 // its arguments matched to its schema here. `shipped`: None, or the (format,
-// sha1, code) of script_dispatch/shipped_code.h.
+// sha1, code) of script_dispatch/shipped_code.h. `asyncExecution`: `fn` is
+// marked @async_execution.
 message::Message scriptCallMessage(const std::string& name, const std::string& moduleHint, pybind11::handle fn,
                           const pybind11::tuple& args, const pybind11::dict& kwargs,
-                          const pybind11::object& shipped);
+                          const pybind11::object& shipped, bool asyncExecution);
 
 // A SCRIPT_CALL of a function the callee knows by `name`; the callee matches
 // the arguments.

@@ -55,6 +55,24 @@ void replyWhenDone(c10::intrusive_ptr<c10::ivalue::Future> future, std::string f
   });
 }
 
+// The result of an @async_execution function: a Future, or an error that
+// says the function broke its promise.
+c10::intrusive_ptr<c10::ivalue::Future> requireFuture(c10::intrusive_ptr<c10::ivalue::Future> done,
+                                                      const std::string& function, const std::string& worker) {
+  return done->then(
+      [function, worker](c10::ivalue::Future& f) -> c10::IValue {
+        const c10::IValue& value = f.constValue();
+        if (!value.isFuture()) {
+          TORCH_CHECK(false, "'", function, "' on ", worker,
+                      " is decorated with @async_execution, so it must return a Future[...]. "
+                      "Async functions must return an IValue of Future type, but got ",
+                      value.type()->repr_str());
+        }
+        return value;
+      },
+      c10::AnyType::get());
+}
+
 void runBuiltin(const std::string& name, torch::jit::Stack stack, Registry& registry, const CalleePolicy& policy,
                 const std::string& worker, const message::Reply& reply) {
   if (auto refused = policy.refuseCallable(name, worker, name.substr(0, name.find('.')))) {
@@ -79,10 +97,10 @@ void runBuiltin(const std::string& name, torch::jit::Stack stack, Registry& regi
 
 message::Message scriptCallMessage(const std::string& name, const std::string& moduleHint,
                           std::vector<c10::IValue> stack, c10::impl::GenericDict kwargs,
-                          c10::IValue shipped) {
+                          c10::IValue shipped, bool asyncExecution) {
   return message::ivalueMessage(message::MessageType::kScriptCall, 0,
                        c10::ivalue::Tuple::create({name, moduleHint, tupleOf(std::move(stack)),
-                                                   std::move(kwargs), std::move(shipped)}));
+                                                   std::move(kwargs), std::move(shipped), asyncExecution}));
 }
 
 message::Message builtinCallMessage(const std::string& schemaName, std::vector<c10::IValue> stack) {
@@ -127,7 +145,9 @@ void run(message::Message&& request, Registry& registry, const CalleePolicy& pol
     }
     torch::jit::Stack stack = stackOf(el[2]);
     normalizeInputs(callee->schema(), stack, el.at(3).toGenericDict(), function, worker);
-    replyWhenDone(callee->runAsync(stack, launcher), function, worker, reply);
+    auto done = callee->runAsync(stack, launcher);
+    if (el.size() > 5 && el[5].toBool()) done = requireFuture(std::move(done), function, worker);
+    replyWhenDone(std::move(done), function, worker, reply);
   } catch (...) {
     reply.error(message::describeException(std::current_exception(), function, worker));
   }

@@ -33,9 +33,11 @@ namespace torchrpc::script_dispatch {
 // resends it with its code.
 inline constexpr const char* kUnknownFunction = "torchrpc.errors.UnknownFunctionError";
 
+// `asyncExecution`: the caller marked the function @async_execution, so the
+// callee refuses a result that is not a Future (as upstream).
 message::Message scriptCallMessage(const std::string& name, const std::string& moduleHint,
                           std::vector<c10::IValue> stack, c10::impl::GenericDict kwargs,
-                          c10::IValue shipped = c10::IValue());
+                          c10::IValue shipped = c10::IValue(), bool asyncExecution = false);
 message::Message builtinCallMessage(const std::string& schemaName, std::vector<c10::IValue> stack);
 
 // Runs a SCRIPT_CALL or BUILTIN_CALL and answers `reply` once with the result

@@ -364,7 +364,13 @@ def async_add_chained(to, x, y, z):
 
 @rpc.functions.async_execution
 def async_returns_a_value():
-    return 42  # not a Future: the caller gets a TypeError naming the function
+    return 42  # not a Future: the caller gets a RuntimeError naming the function
+
+
+@rpc.functions.async_execution
+@torch.jit.script
+def async_script_returns_a_tensor(x: torch.Tensor) -> torch.Tensor:
+    return x  # not a Future: decorating is fine, calling fails
 
 
 @rpc.functions.async_execution

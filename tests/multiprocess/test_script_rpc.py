@@ -126,7 +126,7 @@ def test_async_execution_static_class_and_bound_methods(method):
 
 
 def test_async_execution_must_return_a_future():
-    with pytest.raises(TypeError, match="async_returns_a_value.*must return a torch.futures.Future"):
+    with pytest.raises(RuntimeError, match="async_returns_a_value.*must return a torch.futures.Future"):
         rpc.rpc_sync("worker1", funcs.async_returns_a_value)
 
 
@@ -135,9 +135,17 @@ def test_async_execution_error_in_the_future_reaches_the_caller():
         rpc.rpc_sync("worker1", funcs.async_add_chained, args=("worker2", X, torch.ones(2), 1), timeout=20)
 
 
-def test_async_execution_rejects_a_script_function_without_future():
-    with pytest.raises(TypeError, match="must return a Future"):
-        rpc.functions.async_execution(funcs.add)
+@pytest.mark.parametrize("how", ["rpc_sync", "rpc_async", "remote"])
+def test_async_execution_script_function_without_future_fails_when_called(how):
+    # Decorating it was fine (the module imported); each way of calling fails.
+    fn, args = funcs.async_script_returns_a_tensor, (X,)
+    with pytest.raises(RuntimeError, match="async_script_returns_a_tensor.*must return a Future.*got Tensor"):
+        if how == "rpc_sync":
+            rpc.rpc_sync("worker1", fn, args=args)
+        elif how == "rpc_async":
+            rpc.rpc_async("worker1", fn, args=args).wait()
+        else:
+            rpc.remote("worker1", fn, args=args).to_here()
 
 
 # ---- deployment ---------------------------------------------------------------------
@@ -233,7 +241,7 @@ def test_shipped_code_hash_or_format_mismatch_is_refused(unseen):
         ((fmt, "0" * 40, code), "refusing to run it"),
         (("torchscript-zip/0", digest, code), "run the same torchrpc version on every worker"),
     ]:
-        message = native().script_message("helper", "", unseen.helper, (X,), {}, shipped)
+        message = native().script_message("helper", "", unseen.helper, (X,), {}, shipped, False)
         call = agent.send(1, message, 10.0, "rpc_sync", "helper")
         ok, info = call.result()
         assert not ok and info[2] == "ValueError" and match in info[1], info
