@@ -19,6 +19,7 @@ from torchrpc.api import (
 )
 from torchrpc.errors import (
     CalleePolicyError,
+    InvalidWorkerNameError,
     NotInitializedError,
     PeerUnreachableError,
     RemoteError,
@@ -26,18 +27,18 @@ from torchrpc.errors import (
     RpcTimeoutError,
     ShutdownError,
     UnknownFunctionError,
+    UnknownWorkerError,
 )
-from torchrpc.options import BackendType, RpcOptions
+from torchrpc.options import BackendType, RpcBackendOptions, RpcOptions
 from torchrpc.rref import RRef
 
 #: torch.distributed.rpc's names for the options, so that its programs run
 #: unchanged (device maps must stay empty: torchrpc sends CPU tensors only).
 TensorPipeRpcBackendOptions = RpcOptions
-RpcBackendOptions = RpcOptions
-
 __all__ = [
     "BackendType",
     "CalleePolicyError",
+    "InvalidWorkerNameError",
     "NotInitializedError",
     "PeerUnreachableError",
     "RRef",
@@ -49,6 +50,7 @@ __all__ = [
     "ShutdownError",
     "TensorPipeRpcBackendOptions",
     "UnknownFunctionError",
+    "UnknownWorkerError",
     "WorkerInfo",
     "autograd",
     "functions",

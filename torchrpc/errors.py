@@ -2,7 +2,8 @@
 
 All derive from :class:`RpcError`, itself a ``RuntimeError``, so code written
 for ``torch.distributed.rpc`` (which raises ``RuntimeError``) keeps working.
-Argument mistakes raise ``TypeError`` / ``ValueError`` instead.
+Argument mistakes raise ``TypeError`` / ``ValueError`` instead; where
+upstream raises ``RuntimeError`` for one, the class derives from both.
 """
 
 import builtins
@@ -46,6 +47,12 @@ class UnknownFunctionError(RpcError, LookupError):
     REMOTE_TYPE = "torchrpc.errors.UnknownFunctionError"  # as callees report it
 
 
+class FunctionNotOnCalleeError(RpcError, AttributeError):
+    """The callee cannot load a Python function the caller sent by
+    reference: its module there lacks it (upstream raises RuntimeError
+    "RPC pickler does not serialize the function code")."""
+
+
 class CalleePolicyError(RpcError, PermissionError):
     """A worker's callee policy (``RpcOptions`` script_only,
     allowed_callables, allow_import_by_name, allow_shipped_code) refused a
@@ -54,6 +61,16 @@ class CalleePolicyError(RpcError, PermissionError):
     worker and which option; see docs/threat-model.md."""
 
     REMOTE_TYPE = "torchrpc.errors.CalleePolicyError"  # as callees report it
+
+
+class UnknownWorkerError(RpcError, ValueError):
+    """A call names no worker of the job (upstream raises RuntimeError
+    "could not find destination")."""
+
+
+class InvalidWorkerNameError(RpcError, ValueError):
+    """A worker name that is empty, too long, has characters outside
+    letters, digits, ``_``, ``-``, ``.`` and ``:``, or is already taken."""
 
 
 class NotInitializedError(RpcError):
@@ -96,7 +113,8 @@ def _remote_exception(message, remote_type, remote_traceback):
         except Exception:  # the type's constructor wants other arguments
             exc = None
     if exc is None:
-        exc = RemoteError(f"{remote_type}: {message}", remote_type, remote_traceback)
+        exc = RemoteError(f"{remote_type}: {message} (Original exception on remote side was {remote_type}; "
+                          "it could not be rebuilt on this worker)", remote_type, remote_traceback)
     if remote_traceback:
         exc.add_note("Remote traceback:\n" + remote_traceback.rstrip())
     exc.remote_type = remote_type

@@ -6,6 +6,7 @@ import threading
 import torch
 
 from torchrpc import errors, state
+from torchrpc._extension import native
 
 # Set on the callback thread while it settles a call (and so runs the
 # future's callbacks): a callback that waits for another call's future must
@@ -85,7 +86,7 @@ class Invocation:
             # Without this frame's traceback: it references `fut`, which
             # holds exc in C++ where gc cannot see the cycle, and it would
             # keep the call's arguments (RRefs too) alive forever.
-            fut.set_exception(exc.with_traceback(None))
+            _fail(fut, exc.with_traceback(None))
             return
         if again is not None:
             fut._invocation = again
@@ -93,6 +94,12 @@ class Invocation:
         else:
             fut._invocation = None
             fut.set_result(value)
+
+
+def _fail(fut, exc):
+    """Fails `fut` with `exc` as an error of its C++ future (so wait_all and
+    collect_all stop at it), not as a value that wait() raises."""
+    native().set_future_error(fut, exc)
 
 
 def _take(pending):
@@ -176,7 +183,7 @@ def _chain(parent, callback):
         except Exception as exc:  # as torch's then reports it (a RuntimeError), caused by exc
             error = RuntimeError(f"Got the following error when running the callback: {type(exc).__name__}: {exc}")
             error.__cause__ = exc
-            child.set_exception(error)
+            _fail(child, error)
             return
         child.set_result(value)
 

@@ -38,7 +38,7 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
     """
     rendezvous.validate_name(name)
     check_backend(backend)
-    options = RpcOptions.coerce(rpc_backend_options)
+    options = RpcOptions.coerce(rpc_backend_options, backend)
     if rank is not None and not isinstance(rank, numbers.Integral):
         raise TypeError(f"init_rpc(rank=...) expects an int; got {type(rank).__name__}")
     if world_size is not None and not isinstance(world_size, numbers.Integral):

@@ -9,7 +9,18 @@ import os
 from torchrpc import constants
 
 
-class RpcOptions:
+class RpcBackendOptions:
+    """The base of every backend's options, as in ``torch.distributed.rpc``:
+    ``rpc_timeout`` and ``init_method``. It names no backend: init_rpc takes
+    an instance of it only with ``backend=`` given; pass :class:`RpcOptions`
+    (alias ``TensorPipeRpcBackendOptions``) instead."""
+
+    def __init__(self, rpc_timeout=constants.DEFAULT_RPC_TIMEOUT_SEC, init_method=constants.DEFAULT_INIT_METHOD):
+        self.rpc_timeout = _seconds("rpc_timeout", rpc_timeout)
+        self.init_method = init_method
+
+
+class RpcOptions(RpcBackendOptions):
     """Options for :func:`torchrpc.init_rpc`, validated on construction.
 
     Keyword-only. Passed as ``rpc_backend_options``; options objects of
@@ -189,19 +200,26 @@ class RpcOptions:
         return (self.script_only, allowed, self.allow_import_by_name, self.allow_shipped_code)
 
     @classmethod
-    def coerce(cls, options):
-        """Returns RpcOptions for None, an RpcOptions, or an upstream options object."""
+    def coerce(cls, options, backend=None):
+        """Returns RpcOptions for None, an RpcOptions, or an upstream options
+        object; the base RpcBackendOptions only with a `backend`."""
         if options is None:
             return cls()
         if isinstance(options, cls):
             return options
+        if backend is None and isinstance(options, RpcBackendOptions):
+            raise TypeError(
+                f"Could not infer backend for options {type(options).__name__}: init_rpc(rpc_backend_options=...) "
+                "takes torchrpc.RpcOptions (alias TensorPipeRpcBackendOptions), or other options together "
+                "with backend=torchrpc.BackendType.TENSORPIPE"
+            )
         known = {f: getattr(options, f) for f in ("num_worker_threads", "rpc_timeout", "init_method",
                                                   "device_maps", "devices")
                  if hasattr(options, f)}
-        if not known:
+        if not known or isinstance(options, dict):
             raise TypeError(
-                "init_rpc(rpc_backend_options=...) expects torchrpc.RpcOptions; got "
-                f"{type(options).__name__}"
+                "init_rpc(rpc_backend_options=...): Argument rpc_backend_options must be an instance of "
+                f"RpcBackendOptions (torchrpc.RpcOptions); got {type(options).__name__}"
             )
         return cls(**known)
 
@@ -282,6 +300,6 @@ def check_backend(backend):
     if isinstance(backend, enum.Enum) and type(backend).__name__ == "BackendType" and backend.name == "TENSORPIPE":
         return
     raise TypeError(
-        f"init_rpc(backend={backend!r}): torchrpc has one backend; pass "
-        "torchrpc.BackendType.TENSORPIPE or leave backend unset."
+        f"init_rpc(backend={backend!r}): Argument backend must be a member of BackendType; torchrpc has "
+        "one backend: pass torchrpc.BackendType.TENSORPIPE or leave backend unset."
     )

@@ -33,7 +33,7 @@ import types
 import cloudpickle
 import torch
 
-from torchrpc import errors, functions, state
+from torchrpc import errors, functions, log, state
 
 
 _lock = threading.Lock()
@@ -191,7 +191,8 @@ def _module_level(fn):
     obj = sys.modules.get(module)
     for part in qualname.split("."):
         obj = getattr(obj, part, None)
-    return obj is fn
+    # A classmethod (bound to its class) is a new object at each lookup.
+    return obj is fn or (isinstance(fn, types.MethodType) and isinstance(fn.__self__, type) and obj == fn)
 
 
 class _MainReference:
@@ -220,7 +221,11 @@ def _pickle_function(fn):
         if cached is not None:
             return cached
     try:
-        data = cloudpickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
+        if by_name and isinstance(fn, types.MethodType) and fn.__module__ != "__main__":
+            # By reference, as getattr(cls, name): cloudpickle would copy the function by value.
+            data = pickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
+        else:
+            data = cloudpickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
         if by_name and fn.__module__ == "__main__":
             data = cloudpickle.dumps(_MainReference(fn.__qualname__, data), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as err:
@@ -250,7 +255,7 @@ def encode_call(fn, dst_rank, args, kwargs, force_full=False, request=True):
         payload, tensors, forks = dumps((digest, data if full else None, name, args, kwargs),
                                         dst_rank if request else -1)
     except Exception as err:
-        raise TypeError(f"cannot send the arguments of {name!r}: pickling failed: {err}") from err
+        raise _pickling_error(err, f"cannot send the arguments of {name!r}: pickling failed: {err}") from err
     return payload, tensors, name, forks
 
 
@@ -285,13 +290,29 @@ def _qualified_type(exc):
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
+def _pickling_error(err, message):
+    """`message` as an exception of the class pickling raised (so code that
+    catches it under torch.distributed.rpc, which pickles the same objects,
+    still does), or a TypeError where that class wants other arguments."""
+    try:
+        return type(err)(message)
+    except Exception:
+        return TypeError(message)
+
+
 def _error(exc, name):
     tb = "".join(traceback.format_exception(exc))
     return ("err", _qualified_type(exc), str(exc), tb, name)
 
 
-def _load_function(data):
-    fn = cloudpickle.loads(data)
+def _load_function(data, name):
+    try:
+        fn = cloudpickle.loads(data)
+    except AttributeError as err:  # pickled by reference; the callee's module lacks it
+        raise errors.FunctionNotOnCalleeError(
+            f"{name!r} cannot be loaded here: {err}. The RPC pickler does not serialize the function code "
+            "of a function its module defines, only its name: define or import the same function on the "
+            "callee") from err
     return fn.resolve() if isinstance(fn, _MainReference) else fn
 
 
@@ -376,7 +397,7 @@ def encode_value(value, name="<value>"):
     try:
         out, out_tensors, _ = dumps(value)
     except BaseException as exc:
-        return _error(TypeError(f"the result of {name!r} cannot be pickled: {exc}"), name)
+        return _error(_pickling_error(exc, f"the result of {name!r} cannot be pickled: {exc}"), name)
     return ("ok", out, out_tensors)
 
 
@@ -425,7 +446,7 @@ def _run(payload, tensors):
     try:
         digest, data, name, args, kwargs = loads(payload, tensors)
         if data is not None:
-            fn = _load_function(data)
+            fn = _load_function(data, name)
             with _lock:
                 if len(_received) >= _MAX_RECEIVED:
                     _received.pop(next(iter(_received)))
@@ -436,14 +457,23 @@ def _run(payload, tensors):
             if fn is None:
                 return ("err", errors.UnknownFunctionError.REMOTE_TYPE, f"function {name!r} is not cached here", "", name)
             if isinstance(fn, bytes):
-                fn = _load_function(fn)
+                fn = _load_function(fn, name)
         why = _function_refusal(fn)
         if why is not None:
             return ("err", errors.CalleePolicyError.REMOTE_TYPE, why, "", name)
         result = fn(*(args or ()), **(kwargs or {}))
     except BaseException as exc:  # everything the user code raises goes back
+        _log_callee_error(name, exc)
         return _error(exc, name)
     return ("ok", result, name, fn)
+
+
+def _log_callee_error(name, exc):
+    """Says on this worker's stderr, as upstream does, that a call raised
+    (the caller gets the error itself)."""
+    session = state.current()
+    where = session.me.name if session is not None else "this worker"
+    log.warn_limited("callee_error", f"on {where}, {name!r} raised {_qualified_type(exc)}: {exc}")
 
 
 def _outcome(fut, name):

@@ -15,20 +15,26 @@ import urllib.parse
 
 import torch.distributed as dist
 
-from torchrpc import constants
+from torchrpc import constants, errors
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]+$")
 
 
-def validate_name(name):
-    """Raises TypeError/ValueError if `name` cannot name a worker."""
+def validate_name(name, where="init_rpc(name=...)"):
+    """Raises TypeError, or InvalidWorkerNameError (a RuntimeError and a
+    ValueError, with upstream's phrases), if `name` cannot name a worker."""
     if not isinstance(name, str):
-        raise TypeError(f"init_rpc(name=...) expects a str; got {type(name).__name__}")
-    if not name or len(name) >= constants.MAX_NAME_LENGTH or not _NAME_RE.match(name):
-        raise ValueError(
-            f"invalid worker name {name!r}: use letters, digits, '_' and '-', "
-            f"fewer than {constants.MAX_NAME_LENGTH} characters"
-        )
+        raise TypeError(f"{where} expects a str; got {type(name).__name__}")
+    if not name:
+        raise errors.InvalidWorkerNameError(f"{where}: a worker name must be non-empty")
+    if len(name) >= constants.MAX_NAME_LENGTH:
+        raise errors.InvalidWorkerNameError(
+            f"{where}: worker name {name[:40]!r}... has {len(name)} characters; it must be shorter than "
+            f"{constants.MAX_NAME_LENGTH}")
+    if not _NAME_RE.match(name):
+        raise errors.InvalidWorkerNameError(
+            f"{where}: invalid worker name {name!r}: Worker name must match ^[A-Za-z0-9_.:-]+$ "
+            "(letters, digits, '_', '-', '.' and ':')")
 
 
 def host_id():

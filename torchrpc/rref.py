@@ -57,7 +57,7 @@ class RRef:
         after ``shutdown()`` its methods raise.
     """
 
-    __slots__ = ("_handle", "__weakref__")
+    __slots__ = ("_handle", "_type", "__weakref__")
 
     def __init__(self, value, type_hint=None):
         self._handle = state.require("RRef(value)").rref_ctx.create_owner(value)
@@ -134,10 +134,12 @@ class RRef:
                 name and traceback.
         """
         if not self._handle.is_owner():
+            session = state.require("RRef.local_value()")
             raise RuntimeError(
-                f"local_value() can only be called on the owner of an RRef; this RRef "
-                f"({self._handle.id()}) is owned by {self.owner_name()!r} and this worker is "
-                f"{state.require('local_value').me.name!r}. Use to_here() to copy the value here."
+                f"For UserRRef(rref_id={_global_id(self._handle.id())}, fork_id="
+                f"{_global_id(self._handle.fork_id())}), can't call localValue() on user {session.me}. "
+                f"Call it on owner {self.owner()}: local_value() can only be called on the owner of an RRef; "
+                "use to_here() to copy the value here."
             )
         return self._owner_value(state.require("RRef.local_value()").options.rpc_timeout)
 
@@ -173,6 +175,40 @@ class RRef:
         if not ok:
             raise errors.from_native(value)
         return python_fallback.decode_value(value)
+
+    def _get_type(self, timeout=constants.UNSET_RPC_TIMEOUT, blocking=True):
+        """The type of the value, asked of the owner once and then remembered
+        (as upstream). ``blocking=False`` returns a Future of it; an error
+        creating the value is raised (or fails that Future) as is."""
+        known = getattr(self, "_type", None)
+        if known is None and not self._handle.is_owner():
+            kind = "rpc_sync" if blocking else "rpc_async"
+            invocation = dispatch.invoke(kind, self.owner(), _rref_typeof_on_owner, (self,), None, timeout)
+            if not blocking:
+                fut = invocation.future()
+                fut.add_done_callback(self._remember_type)
+                return fut
+            known = self._type = invocation.wait()
+        elif known is None:
+            known = self._type = type(self.local_value())
+        if blocking:
+            return known
+        fut = torch.futures.Future()
+        fut.set_result(known)
+        return fut
+
+    def _remember_type(self, fut):
+        try:
+            self._type = fut.value()
+        except Exception:  # creating the value failed: nothing to remember
+            pass
+
+    def _get_future(self):
+        """A Future that completes once the owner answered remote() (the
+        value, or the error creating it, is then there for to_here()), or
+        fails if remote() failed (owner unreachable, timeout); done at once
+        for other RRefs. For profiling and tests, as upstream."""
+        return Invocation(self._handle.creation(), _no_value).future()
 
     # ---- proxies ------------------------------------------------------------
 
@@ -227,10 +263,18 @@ class RRef:
         return self.to_script()
 
     def __reduce__(self):
-        raise TypeError(
-            "an RRef can only be pickled by torchrpc, as an argument or result of an RPC; "
+        raise RuntimeError(
+            "Can not pickle rref in python pickler: an RRef can only be pickled by torchrpc, as an argument "
+            "or result of an RPC; "
             "it cannot be saved or sent by other means."
         )
+
+    def __str__(self):
+        """As upstream prints an RRef (its ids)."""
+        if self._handle.is_owner():
+            return f"OwnerRRef({_global_id(self._handle.id())})"
+        return (f"UserRRef(RRefId = {_global_id(self._handle.id())}, "
+                f"ForkId = {_global_id(self._handle.fork_id())})")
 
     def __repr__(self):
         session = state.current()
@@ -239,6 +283,22 @@ class RRef:
         if self._handle.is_owner():
             return f"OwnerRRef(owner={name}, id={self._handle.id()})"
         return f"UserRRef(owner={name}, id={self._handle.id()}, fork={self._handle.fork_id()})"
+
+
+def _rref_typeof_on_owner(rref):
+    """Runs on the owner: the type of the RRef's value (upstream's name, which
+    its profiler shows)."""
+    return type(rref.local_value())
+
+
+def _no_value(_):
+    return None
+
+
+def _global_id(text):
+    """'0:1' (the handle's id text) as upstream prints an id."""
+    created_on, _, local_id = text.partition(":")
+    return f"GloballyUniqueId(created_on={created_on}, local_id={local_id})"
 
 
 def _backward_on_owner(rref, context_id, retain_graph):
@@ -349,6 +409,15 @@ def _method_call(call_kind, rref, name, args, kwargs, timeout):
     return None if call is None else Invocation(call, python_fallback.decode_value)
 
 
+def _check_method(rref, name, timeout):
+    """Raises AttributeError at once if the value's type lacks method `name`
+    (as upstream's proxies do; the type is asked of the owner once)."""
+    value_type = rref._get_type(timeout)
+    if issubclass(value_type, (torch.jit.ScriptModule, torch._C.ScriptModule)) or hasattr(value_type, name):
+        return
+    raise AttributeError(f"{value_type.__name__!r} object has no attribute {name!r} (the value of {rref!r})")
+
+
 class _Proxy:
     __slots__ = ("_rref", "_kind", "_timeout")
 
@@ -363,6 +432,7 @@ class _Proxy:
         def method(*args, **kwargs):
             pickled = (rref, name, args, kwargs)
             if kind == "remote":
+                _check_method(rref, name, timeout)
                 return RRef._wrap(dispatch.invoke(kind, rref.owner(), _invoke_method, pickled, None, timeout))
             # Plain arguments: sent as IValues, not pickled (see _method_call).
             invocation = _method_call(kind, rref, name, args, kwargs, timeout)

@@ -9,7 +9,7 @@ import functools
 import numbers
 import threading
 
-from torchrpc import constants, errors
+from torchrpc import constants, errors, rendezvous
 from torchrpc._extension import native
 
 
@@ -26,6 +26,7 @@ class WorkerInfo:
     __slots__ = ("id", "name")
 
     def __init__(self, name, id):
+        rendezvous.validate_name(name, "WorkerInfo(name=...)")
         self.name = name
         self.id = id
 
@@ -73,17 +74,23 @@ class Session:
         if isinstance(to, WorkerInfo):
             if to.id < len(self.workers) and self.workers[to.id] == to:
                 return to
-            raise ValueError(f"{call}: {to} is not a worker of this job")
+            raise errors.UnknownWorkerError(f"{call}: {to} is not a worker of this job (could not find destination)")
         if isinstance(to, str):
             info = self.by_name.get(to)
             if info is None:
                 known = ", ".join(sorted(self.by_name))
-                raise ValueError(f"{call}: unknown worker {to!r}; known workers: {known}")
+                raise errors.UnknownWorkerError(
+                    f"{call}: unknown worker {to!r}; known workers: {known} (could not find destination)")
             return info
         if isinstance(to, numbers.Integral) and not isinstance(to, bool):
             if 0 <= to < len(self.workers):
                 return self.workers[to]
-            raise ValueError(f"{call}: no worker has rank {to}; ranks are 0..{len(self.workers) - 1}")
+            raise errors.UnknownWorkerError(
+                f"{call}: no worker has rank {to}; ranks are 0..{len(self.workers) - 1} (could not find destination)")
+        if isinstance(to, numbers.Real) and not isinstance(to, bool):  # a ValueError, as upstream
+            raise errors.UnknownWorkerError(
+                f"{call}: no worker has rank {to}; ranks are integers 0..{len(self.workers) - 1} "
+                "(could not find destination)")
         raise TypeError(
             f"{call}(to=...) expects a worker name (str), a rank (int) or a WorkerInfo; "
             f"got {type(to).__name__}"
@@ -132,11 +139,12 @@ def require(what=None):
     if session is None:
         if what is None:
             raise errors.NotInitializedError(
-                "torchrpc is not initialized in this process; call "
+                "RPC has not been initialized: torchrpc is not initialized in this process; call "
                 "torchrpc.init_rpc(name, rank=..., world_size=...) first."
             )
         raise errors.NotInitializedError(
-            f"{what}: torchrpc is not initialized in this process; call torchrpc.init_rpc() first."
+            f"{what}: torchrpc is not initialized in this process (Current RPC agent is not set! Did you "
+            "initialize the RPC framework?); call torchrpc.init_rpc() first."
         )
     return session
 

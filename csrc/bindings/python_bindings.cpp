@@ -204,6 +204,7 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init<>())
       .def("stop", &pf::CallbackRunner::stop, py::arg("timeout") = 10.0, py::call_guard<py::gil_scoped_release>());
 
+  m.def("set_future_error", &pf::setFutureError);
   m.def("local_host_id", &torchrpc::worker::localHostId);
 
   // A connection's limits (transport/connection.h Limits), as RpcOptions names them.
@@ -350,6 +351,12 @@ PYBIND11_MODULE(_C, m) {
            })
       .def("confirmed",
            [](const rref::RRef& r) { return r.isOwner() || static_cast<const rref::UserRRef&>(r).confirmed(); })
+      // A Call that completes once the value exists (or failed to).
+      .def("creation",
+           [](const rref::RRef& r) {
+             if (r.isOwner()) return Call{static_cast<const rref::OwnerRRef&>(r).value(), nullptr};
+             return Call{static_cast<const rref::UserRRef&>(r).creation(), nullptr};
+           })
       .def("creation_error",
            [](const rref::RRef& r) -> py::object {
              if (r.isOwner()) return py::none();

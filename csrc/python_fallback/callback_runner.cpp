@@ -1,6 +1,9 @@
 #include "python_fallback/callback_runner.h"
 #include "python_fallback/gil.h"
 
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+
 #include <chrono>
 #include <iostream>
 
@@ -119,6 +122,17 @@ bool CallbackRunner::stop(double timeoutSeconds) {
             << " s after shutdown began (a callback that does not return?); leaving them\n";
   thread_.detach();
   return false;
+}
+
+void setFutureError(pybind11::handle future, pybind11::handle exception) {
+  auto wrapper = pybind11::cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>(future);
+  // A python_error, unlike pybind11's error_already_set, can be raised again
+  // by each wait() of the future.
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exception.ptr())), exception.ptr());
+  ::python_error error;
+  error.persist();
+  pybind11::gil_scoped_release release;  // the future's callbacks take the GIL themselves
+  wrapper->fut->setError(std::make_exception_ptr(std::move(error)));
 }
 
 }  // namespace torchrpc::python_fallback

@@ -21,6 +21,13 @@
 
 namespace torchrpc::python_fallback {
 
+// Completes the torch.futures.Future `future` with the Python exception
+// `exception` as an error of its C++ future, as upstream's RPC futures fail:
+// wait() raises that exception, and torch.futures.wait_all / collect_all
+// stop at the first error. (Future.set_exception only stores the exception
+// as a value that wait() raises, which collect_all cannot see.) GIL held.
+void setFutureError(pybind11::handle future, pybind11::handle exception);
+
 class CallbackRunner {
  public:
   CallbackRunner();

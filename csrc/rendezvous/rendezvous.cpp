@@ -61,9 +61,8 @@ std::vector<agent::PeerInfo> Rendezvous::exchange(const agent::PeerInfo& me) {
     peers.push_back(decode(values[r], r));
     auto [it, fresh] = byName.emplace(peers.back().name, r);
     if (!fresh) {
-      C10_THROW_ERROR(ValueError, "worker name '" + peers.back().name + "' is used by ranks " +
-                                      std::to_string(it->second) + " and " + std::to_string(r) +
-                                      "; every worker of a job needs a unique name");
+      TORCH_CHECK(false, "worker name '", peers.back().name, "' is not unique: ranks ", it->second, " and ", r,
+                  " both use it; every worker of a job needs a unique name");
     }
   }
   return peers;

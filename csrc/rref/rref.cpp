@@ -62,7 +62,21 @@ std::optional<message::RemoteException> OwnerRRef::error() const {
 
 UserRRef::UserRRef(std::weak_ptr<RRefContext> ctx, int owner, RRefId id, ForkId forkId,
                    bool confirmed)
-    : RRef(std::move(ctx), owner, id), forkId_(forkId), confirmed_(confirmed) {}
+    : RRef(std::move(ctx), owner, id),
+      forkId_(forkId),
+      confirmed_(confirmed),
+      creation_(c10::make_intrusive<c10::ivalue::Future>(c10::NoneType::get())) {
+  if (confirmed) created(nullptr);
+}
+
+void UserRRef::created(std::exception_ptr error) {
+  if (created_.exchange(true)) return;
+  if (error) {
+    creation_->setError(std::move(error));
+  } else {
+    creation_->markCompleted(c10::IValue());
+  }
+}
 
 UserRRef::~UserRRef() {
   if (auto ctx = ctx_.lock()) ctx->userReleased(*this);

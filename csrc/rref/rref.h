@@ -143,7 +143,14 @@ class UserRRef final : public RRef {
 
   const ForkId& forkId() const { return forkId_; }
   bool confirmed() const { return confirmed_.load(); }
-  void confirm() { confirmed_.store(true); }
+  void confirm() {
+    confirmed_.store(true);
+    created(nullptr);
+  }
+  // Completes (None) once the owner has the value, or with remote()'s error
+  // (RRef._get_future()); users that are not remote()'s are done when confirmed.
+  const c10::intrusive_ptr<c10::ivalue::Future>& creation() const { return creation_; }
+  void created(std::exception_ptr error);
   // True the first time: the caller then sends the one USER_DELETE.
   bool markDeleted() { return !deleted_.exchange(true); }
   bool deleted() const { return deleted_.load(); }
@@ -165,6 +172,8 @@ class UserRRef final : public RRef {
   const ForkId forkId_;
   std::atomic<bool> confirmed_;
   std::atomic<bool> deleted_{false};
+  c10::intrusive_ptr<c10::ivalue::Future> creation_;
+  std::atomic<bool> created_{false};
   mutable std::mutex mutex_;
   std::optional<std::pair<int, std::string>> creationError_;
   std::optional<std::chrono::steady_clock::time_point> creationDeadline_;  // set before sharing

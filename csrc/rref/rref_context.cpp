@@ -124,6 +124,7 @@ std::shared_ptr<RRef> RRefContext::remote(int dst, message::Message&& call, doub
                               if (auto u = weakUser.lock()) {
                                 auto parts = common::errorParts(error);
                                 u->setCreationError(static_cast<int>(parts.kind), parts.message);
+                                u->created(error);
                               }
                             }
                             self->confirmUser(forkId, error, -1);

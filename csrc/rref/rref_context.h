@@ -214,7 +214,7 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
 
   std::shared_ptr<agent::Agent> agent_;
   const int rank_;
-  std::atomic<int64_t> nextLocal_{1};
+  std::atomic<int64_t> nextLocal_{0};  // from 0, as upstream numbers them
   PythonEncoder pythonEncoder_;
   PythonMethodRunner pythonMethodRunner_;
 

@@ -463,3 +463,49 @@ def call_back_and_sleep(to, seconds):
 
 def zeros(numel):
     return torch.zeros(numel)
+
+
+# ---- error compatibility -------------------------------------------------------
+
+
+def identity(x):
+    return x
+
+
+def reset_log_limits():
+    """Forgets the lines torchrpc.log wrote lately (so a test sees the next one)."""
+    from torchrpc import log
+
+    log._recent.clear()
+
+
+def make_future():
+    return torch.futures.Future()  # cannot be pickled: the call fails with RuntimeError
+
+
+def stderr_of_a_failing_call(callee):
+    """What this worker's stderr shows while `callee` runs a failing call of it."""
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            rpc.rpc_sync(callee, call, args=(rpc.get_worker_info().name, raise_custom, ("logged on the callee",)))
+        except CustomError:
+            pass
+    return err.getvalue()
+
+
+def call_missing_function(caller):
+    """Asks `caller` to run a function of this module that only this worker has."""
+    global only_on_the_caller
+
+    def only_on_the_caller():
+        return 1
+
+    only_on_the_caller.__qualname__ = "only_on_the_caller"
+    try:
+        return rpc.rpc_sync(caller, only_on_the_caller)
+    finally:
+        del only_on_the_caller

@@ -366,12 +366,53 @@ def test_timeout_names_call_worker_and_limit():
 @pytest.mark.parametrize("to, exc, match", [
     ("nobody", ValueError, "unknown worker 'nobody'; known workers: worker0, worker1, worker2"),
     (7, ValueError, "no worker has rank 7"),
-    (1.5, TypeError, "expects a worker name"),
+    (1.5, ValueError, "no worker has rank 1.5"),
+    ("worker1".encode(), TypeError, "expects a worker name"),
     (rpc.WorkerInfo("worker1", 2), ValueError, "is not a worker of this job"),
 ])
 def test_bad_destination(to, exc, match):
     with pytest.raises(exc, match=match):
         rpc.rpc_sync(to, funcs.pid)
+    if exc is ValueError:  # also upstream's class and phrase
+        with pytest.raises(RuntimeError, match="could not find destination"):
+            rpc.get_worker_info(to) if isinstance(to, str) else rpc.remote(to, funcs.pid)
+
+
+def test_wait_all_stops_at_the_first_error():
+    # The errors are errors of the C++ futures, as upstream's: torch.futures.wait_all
+    # (collect_all) raises the first one while another call still runs.
+    slow = rpc.rpc_async("worker1", funcs.sleep, args=(3.0,))
+    failing = [rpc.rpc_async("worker2", funcs.raise_custom, args=("first error",)),
+               rpc.rpc_async("worker2", torch.add, args=(torch.ones(2), torch.ones(3)))]
+    start = time.monotonic()
+    with pytest.raises((funcs.CustomError, RuntimeError), match="first error|size of tensor"):
+        torch.futures.wait_all([slow, *failing])
+    assert time.monotonic() - start < 2.5
+    for _ in range(2):  # an error is raised again by each wait
+        with pytest.raises(funcs.CustomError, match="first error"):
+            failing[0].wait()
+    slow.wait()
+
+
+def test_pickling_errors_keep_the_class_pickle_raised():
+    # torch.futures.Future refuses pickling with a RuntimeError; so does the call.
+    with pytest.raises(RuntimeError, match="pickling failed: Can not pickle torch.futures.Future"):
+        rpc.rpc_sync("worker1", funcs.identity, args=(torch.futures.Future(),))
+    with pytest.raises(RuntimeError, match="cannot be pickled: Can not pickle torch.futures.Future"):
+        rpc.rpc_sync("worker1", funcs.make_future)
+
+
+def test_callee_logs_what_a_call_raised_on_its_stderr():
+    rpc.rpc_sync("worker1", funcs.reset_log_limits)  # earlier tests' errors may have used the budget
+    captured = rpc.rpc_sync("worker1", funcs.stderr_of_a_failing_call, args=("worker2",))
+    assert "on worker1, 'tests.multiprocess.funcs.raise_custom' raised" in captured
+    assert "tests.multiprocess.funcs.CustomError: logged on the callee" in captured
+
+
+def test_a_function_missing_on_the_callee_is_an_attribute_and_runtime_error():
+    with pytest.raises(RuntimeError, match="RPC pickler does not serialize the function code") as info:
+        rpc.rpc_sync("worker1", funcs.call_missing_function, args=("worker0",))
+    assert isinstance(info.value, AttributeError) and "only_on_the_caller" in str(info.value)
 
 
 def test_bad_arguments():

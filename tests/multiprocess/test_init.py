@@ -50,11 +50,11 @@ def test_duplicate_name_is_rejected_naming_it(tmp_path):
     log = tmp_path / "worker1.log"
     proc = spawn(worker_command(1, 2, init_method, name="worker0"), log)
     try:
-        with pytest.raises(ValueError, match="worker name 'worker0' is used by ranks 0 and 1"):
+        with pytest.raises(RuntimeError, match="worker name 'worker0' is not unique: ranks 0 and 1 both use it"):
             rpc.init_rpc("worker0", rank=0, world_size=2,
                          rpc_backend_options=rpc.RpcOptions(init_method=init_method, init_timeout=60))
         assert proc.wait(timeout=60) == 2
-        assert "worker name 'worker0' is used by ranks 0 and 1" in log.read_text()
+        assert "worker name 'worker0' is not unique: ranks 0 and 1" in log.read_text()
     finally:
         proc.kill()
     assert not rpc.api._debug_info()["initialized"]

@@ -2,6 +2,8 @@
 against a 3-worker job, and owner RRefs of local values. Every test ends with
 no owner RRef left on any worker (the fixtures of test_rref.py)."""
 
+import re
+
 import pytest
 import torch
 
@@ -118,7 +120,8 @@ def test_owner_rref_of_local_value():
 
 def test_local_value_on_a_user_says_who_owns_it():
     rref = rpc.remote("worker2", funcs.py_add, args=(1, 1))
-    with pytest.raises(RuntimeError, match="owned by 'worker2'.*to_here"):
+    with pytest.raises(RuntimeError, match=r"can't call localValue\(\) on user WorkerInfo\(id=0, name=worker0\)\. "
+                       r"Call it on owner WorkerInfo\(id=2, name=worker2\).*to_here"):
         rref.local_value()
 
 
@@ -133,5 +136,58 @@ def test_backward_of_a_local_owner_rref():
 def test_rref_cannot_be_pickled_outside_rpc():
     import pickle
 
-    with pytest.raises(TypeError, match="only be pickled by torchrpc"):
+    with pytest.raises(RuntimeError, match="only be pickled by torchrpc"):
         pickle.dumps(rpc.RRef(1))
+
+
+# ---- upstream's RRef helpers: _get_type, _get_future, str ------------------------
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_get_type_asks_the_owner_once(blocking):
+    def get_type(rref):
+        t = rref._get_type(blocking=blocking)
+        return t if blocking else t.wait()
+
+    obj = rpc.remote("worker1", rref_funcs.Tracked, args=(unique("typed"), 1))
+    assert get_type(obj) is rref_funcs.Tracked
+    rpc.rpc_sync("worker1", rref_funcs.Tracked, args=(unique("t2"), 2))  # the answer is remembered:
+    assert obj._type is rref_funcs.Tracked
+    assert get_type(rpc.RRef(torch.ones(2))) is torch.Tensor  # the owner's own
+    failing = rpc.remote("worker2", funcs.raise_custom, args=("no value, no type",))
+    with pytest.raises(funcs.CustomError, match="no value, no type") as caught:
+        get_type(failing)
+    caught.value.__traceback__ = None  # it references the future that holds it (see test_rref.py)
+
+
+def test_remote_proxy_of_a_missing_method_fails_at_once():
+    obj = rpc.remote("worker1", rref_funcs.Tracked, args=(unique("missing"), 1))
+    with pytest.raises(AttributeError, match="'Tracked' object has no attribute 'non_exist'"):
+        obj.remote().non_exist()
+    with pytest.raises(AttributeError, match="has no attribute 'non_exist'"):
+        obj.rpc_sync().non_exist()
+    with pytest.raises(AttributeError, match="has no attribute 'non_exist'") as caught:
+        obj.rpc_async().non_exist().wait()
+    caught.value.__traceback__ = None
+
+
+def test_get_future_completes_with_the_creation():
+    slow = rpc.remote("worker1", funcs.sleep, args=(0.3,))
+    fut = slow._get_future()
+    assert isinstance(fut, torch.futures.Future) and not fut.done()
+    assert fut.wait() is None and slow.confirmed_by_owner()
+    failing = rpc.remote("worker2", funcs.raise_custom, args=("never created",))
+    failing._get_future().wait()  # the owner answered: its error is ready for to_here
+    with pytest.raises(funcs.CustomError, match="never created"):
+        failing.to_here()
+    assert rpc.RRef(1)._get_future().wait() is None  # the owner's own: done at once
+
+
+def test_str_shows_the_ids_as_upstream():
+    owner = rpc.RRef(7)
+    assert str(owner).startswith("OwnerRRef(GloballyUniqueId(created_on=0, local_id=")
+    user = rpc.remote("worker1", funcs.pid)
+    assert re.fullmatch(r"UserRRef\(RRefId = GloballyUniqueId\(created_on=0, local_id=(\d+)\), "
+                        r"ForkId = GloballyUniqueId\(created_on=0, local_id=(\d+)\)\)", str(user))
+    rref_id, fork_id = map(int, re.findall(r"local_id=(\d+)", str(user)))
+    assert fork_id == rref_id + 1
+    user.to_here()

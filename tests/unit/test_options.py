@@ -100,15 +100,36 @@ def test_calls_before_init_say_how_to_fix():
         torchrpc.get_rpc_timeout()
 
 
-@pytest.mark.parametrize("name", ["", "has space", "a" * 128, "dot.ted", "x/y"])
-def test_invalid_worker_names_are_rejected_naming_them(name):
-    with pytest.raises(ValueError, match="invalid worker name"):
-        torchrpc.init_rpc(name, rank=0, world_size=1)
+@pytest.mark.parametrize("name, why", [("", "must be non-empty"), ("has space", "Worker name must match"),
+                                       ("a" * 128, "shorter than 128"), ("x/y", "Worker name must match")])
+@pytest.mark.parametrize("where", ["init_rpc", "WorkerInfo"])
+def test_invalid_worker_names_are_rejected_naming_them(name, why, where):
+    # Both a ValueError (ours) and a RuntimeError (upstream's class), with upstream's phrase.
+    for cls in (ValueError, RuntimeError):
+        with pytest.raises(cls, match=f"{where}.*{why}"):
+            if where == "init_rpc":
+                torchrpc.init_rpc(name, rank=0, world_size=1)
+            else:
+                torchrpc.WorkerInfo(name, 0)
+
+
+def test_worker_names_may_have_dots_and_colons_as_upstream():
+    assert torchrpc.WorkerInfo("trainer:0.main", 3).name == "trainer:0.main"
+
+
+def test_options_that_name_no_backend_need_one():
+    class FooOptions(torchrpc.RpcBackendOptions):
+        pass
+
+    with pytest.raises(TypeError, match="Could not infer backend for options FooOptions"):
+        torchrpc.init_rpc("worker0", rank=0, world_size=1, rpc_backend_options=FooOptions())
+    with pytest.raises(TypeError, match="Argument rpc_backend_options must be an instance of RpcBackendOptions"):
+        torchrpc.init_rpc("worker0", rank=0, world_size=1, rpc_backend_options={"init_method": "env://"})
 
 
 def test_torch_distributed_rpc_names_are_accepted():
     assert torchrpc.TensorPipeRpcBackendOptions is torchrpc.RpcOptions
-    assert torchrpc.RpcBackendOptions is torchrpc.RpcOptions
+    assert issubclass(torchrpc.RpcOptions, torchrpc.RpcBackendOptions)
     o = torchrpc.TensorPipeRpcBackendOptions(num_worker_threads=8, rpc_timeout=20, init_method="tcp://1.2.3.4:5",
                                              device_maps=None, devices=[], _transports=["uv"], _channels=["basic"])
     assert (o.num_worker_threads, o.rpc_timeout, o.device_maps, o.devices) == (8, 20.0, {}, [])
@@ -147,6 +168,6 @@ def test_device_options_of_the_wrong_type_are_type_errors(kwargs):
 
 
 def test_unknown_backends_are_refused_before_joining():
-    with pytest.raises(TypeError, match=r"init_rpc\(backend='gloo'\): torchrpc has one backend"):
+    with pytest.raises(TypeError, match=r"init_rpc\(backend='gloo'\): Argument backend must be a member of BackendType; torchrpc has one backend"):
         torchrpc.init_rpc("worker0", backend="gloo", rank=0, world_size=1)
     assert not torchrpc.api._debug_info()["initialized"]
