@@ -108,6 +108,7 @@ void defineScriptRRef(torch::Library& m) {
       .def("local_value", &ScriptRRef::localValue, "the value itself; owner only")
       .def("owner_name", &ScriptRRef::ownerName)
       .def("is_owner", &ScriptRRef::isOwner)
+      .def("confirmed_by_owner", &ScriptRRef::confirmedByOwner)
       .def_pickle(
           // The sender: a fork of the RRef (see the header).
           [](const c10::intrusive_ptr<ScriptRRef>& self) -> std::vector<int64_t> {

@@ -7,6 +7,7 @@
 //   to_here(float timeout=-1.) -> Any   the value, copied from the owner
 //   owner_name() -> str
 //   is_owner() -> bool
+//   confirmed_by_owner() -> bool        the owner knows this user (owner: true)
 //   local_value() -> Any                owner only
 //
 // Upstream gives its RRef a special JIT type (RRefType, RRef[T]) that the
@@ -55,6 +56,7 @@ class ScriptRRef : public torch::CustomClassHolder {
   c10::IValue localValue() const;
   std::string ownerName() const;
   bool isOwner() const { return rref_->isOwner(); }
+  bool confirmedByOwner() const { return rref_->confirmedByOwner(); }
 
  private:
   std::shared_ptr<rref::RRef> rref_;

@@ -19,12 +19,14 @@ from torchrpc.api import (
 )
 from torchrpc.errors import (
     CalleePolicyError,
+    FunctionNotOnCalleeError,
     InvalidWorkerNameError,
     NotInitializedError,
     PeerUnreachableError,
     RemoteError,
     RpcError,
     RpcTimeoutError,
+    ScriptArgumentError,
     ShutdownError,
     UnknownFunctionError,
     UnknownWorkerError,
@@ -38,6 +40,7 @@ TensorPipeRpcBackendOptions = RpcOptions
 __all__ = [
     "BackendType",
     "CalleePolicyError",
+    "FunctionNotOnCalleeError",
     "InvalidWorkerNameError",
     "NotInitializedError",
     "PeerUnreachableError",
@@ -47,6 +50,7 @@ __all__ = [
     "RpcError",
     "RpcOptions",
     "RpcTimeoutError",
+    "ScriptArgumentError",
     "ShutdownError",
     "TensorPipeRpcBackendOptions",
     "UnknownFunctionError",

@@ -154,8 +154,11 @@ class _Script(_Callee):
             shipped = None
         else:
             shipped = shipped_code.with_code(fn, dst.id) if again else shipped_code.reference(fn, dst.id)
-        message = native().script_message(self.name, self.module, fn, args, kwargs, shipped,
-                                          functions.is_async_execution(fn))
+        try:
+            message = native().script_message(self.name, self.module, fn, args, kwargs, shipped,
+                                              functions.is_async_execution(fn))
+        except TypeError as err:  # the schema refused the arguments
+            raise errors.ScriptArgumentError(str(err)) from None
         return message, self.name, ()
 
 

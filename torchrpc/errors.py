@@ -73,6 +73,11 @@ class InvalidWorkerNameError(RpcError, ValueError):
     letters, digits, ``_``, ``-``, ``.`` and ``:``, or is already taken."""
 
 
+class ScriptArgumentError(RpcError, TypeError):
+    """A call's arguments do not match its TorchScript function's schema
+    (upstream raises RuntimeError "f() expected at most ...")."""
+
+
 class NotInitializedError(RpcError):
     """A torchrpc function was used before init_rpc() or after shutdown()."""
 

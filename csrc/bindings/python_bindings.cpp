@@ -349,8 +349,7 @@ PYBIND11_MODULE(_C, m) {
              if (r.isOwner()) return py::none();
              return py::str(static_cast<const rref::UserRRef&>(r).forkId().str());
            })
-      .def("confirmed",
-           [](const rref::RRef& r) { return r.isOwner() || static_cast<const rref::UserRRef&>(r).confirmed(); })
+      .def("confirmed", &rref::RRef::confirmedByOwner)
       // A Call that completes once the value exists (or failed to).
       .def("creation",
            [](const rref::RRef& r) {

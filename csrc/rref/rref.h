@@ -90,6 +90,8 @@ class RRef {
  public:
   virtual ~RRef() = default;
   virtual bool isOwner() const = 0;
+  // Whether the owner knows this reference (always, on the owner).
+  virtual bool confirmedByOwner() const = 0;
   int owner() const { return owner_; }
   const RRefId& id() const { return id_; }
   // The context this RRef belongs to; empty once that session is gone.
@@ -111,6 +113,7 @@ class OwnerRRef final : public RRef {
   OwnerRRef(std::weak_ptr<RRefContext> ctx, int owner, RRefId id);
   ~OwnerRRef() override;
   bool isOwner() const override { return true; }
+  bool confirmedByOwner() const override { return true; }
 
   // Completes with the value, or with an RpcError if creating it failed.
   const FuturePtr& value() const { return value_; }
@@ -140,6 +143,7 @@ class UserRRef final : public RRef {
   UserRRef(std::weak_ptr<RRefContext> ctx, int owner, RRefId id, ForkId forkId, bool confirmed);
   ~UserRRef() override;
   bool isOwner() const override { return false; }
+  bool confirmedByOwner() const override { return confirmed(); }
 
   const ForkId& forkId() const { return forkId_; }
   bool confirmed() const { return confirmed_.load(); }

@@ -148,6 +148,11 @@ def script_rref_info(rref: rpc.RRef) -> Tuple[str, bool]:
 
 
 @torch.jit.script
+def script_rref_confirmed(rref: rpc.RRef) -> bool:
+    return rref.confirmed_by_owner()
+
+
+@torch.jit.script
 def script_local_value(rref: rpc.RRef) -> torch.Tensor:
     return _tensor(rref.local_value())
 

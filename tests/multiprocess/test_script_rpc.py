@@ -96,6 +96,14 @@ def _bad_call(to: str, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def test_arguments_that_miss_the_schema_are_a_type_and_runtime_error():
+    for cls in (TypeError, RuntimeError):  # ours, and upstream's class
+        with pytest.raises(cls, match=r"add\(\) expected at most 2 argument"):
+            rpc.rpc_sync("worker1", funcs.add, args=(X, X, X))
+        with pytest.raises(cls, match="expected at most 2"):
+            rpc.remote("worker1", funcs.add, args=(X, X, X))
+
+
 # ---- @async_execution ----------------------------------------------------------------
 
 def test_async_execution_python_function():

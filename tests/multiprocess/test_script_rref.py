@@ -79,6 +79,13 @@ def test_script_rref_annotations_accept_python_rrefs_through_rpc():
     assert torch.equal(rref_funcs.script_sum_rrefs([r.to_script() for r in rrefs]), X * 6)
 
 
+def test_confirmed_by_owner_in_script():
+    rref = rpc.remote("worker1", funcs.add, args=(X, X))
+    rref._get_future().wait()  # remote() answered: the owner knows this user
+    assert rref_funcs.script_rref_confirmed(rref.to_script())
+    assert rref_funcs.script_rref_confirmed(rpc.RRef(X).to_script())  # the owner's own
+
+
 # ---- RRefs as arguments and results ---------------------------------------------------
 
 def test_python_rref_as_argument_of_a_script_call_to_the_owner():
