@@ -457,3 +457,8 @@ def call_back_and_sleep(to, seconds):
 
 def zeros(numel):
     return torch.zeros(numel)
+
+
+def worker_names():
+    """The names of the workers this worker knows now (a dynamic job's change)."""
+    return [w.name for w in rpc.api._get_current_rpc_agent().get_worker_infos()]
