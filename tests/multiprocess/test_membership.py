@@ -24,6 +24,7 @@ from tests.multiprocess import funcs
 from tests.multiprocess.cluster import free_port, spawn, worker_command
 
 JOIN_TIMEOUT = 60.0
+GRACE_SECONDS = "0.5"  # how long this worker keeps a lost peer (TORCHRPC_PEER_GRACE_SECONDS)
 ONE = torch.ones(2)
 
 
@@ -80,9 +81,15 @@ def wait_for_members(expected, timeout=JOIN_TIMEOUT):
 @pytest.fixture(scope="module")
 def job():
     j = DynamicJob()
+    saved = os.environ.get("TORCHRPC_PEER_GRACE_SECONDS")
+    os.environ["TORCHRPC_PEER_GRACE_SECONDS"] = GRACE_SECONDS  # read by init_rpc
     try:
         rpc.init_rpc("worker0", rank=0,
                      rpc_backend_options=rpc.RpcOptions(init_method=j.init_method, rpc_timeout=20, init_timeout=30))
+        if saved is None:
+            del os.environ["TORCHRPC_PEER_GRACE_SECONDS"]
+        else:
+            os.environ["TORCHRPC_PEER_GRACE_SECONDS"] = saved
         yield j
         for name, proc in j.procs.items():
             if proc.poll() is None:
@@ -146,12 +153,31 @@ def test_a_worker_that_left_can_join_again(job):
     assert rpc.rpc_sync("worker2", funcs.worker_names) == ["worker0", "worker1", "worker2"]
 
 
+def test_a_worker_that_died_is_dropped_by_the_members_and_by_the_next_joiner(job):
+    job.join(3)
+    wait_for_members(["worker0", "worker1", "worker2", "worker3"])
+    job.procs["worker3"].kill()
+    job.procs["worker3"].wait(timeout=10)
+    # this worker lost its connection to worker3 without a goodbye: after the
+    # grace period (GRACE_SECONDS here) it finds it unreachable and drops it
+    wait_for_members(["worker0", "worker1", "worker2"])
+    with pytest.raises(rpc.PeerUnreachableError, match=r"worker3 \(rank 3\) stopped without leaving the job"):
+        rpc.rpc_sync("worker3", torch.add, args=(ONE, 1))
+    # worker3 is still listed in the store: the next worker to join finds it
+    # unreachable and drops it from the list, and joins
+    job.join(4)
+    wait_for_members(["worker0", "worker1", "worker2", "worker4"])
+    assert rpc.rpc_sync("worker4", funcs.worker_names) == ["worker0", "worker1", "worker2", "worker4"]
+    assert "dropping rank 3 from the job's members" in job.log("worker4")
+
+
 def test_a_static_worker_cannot_join_a_dynamic_job(job):
+    before = names_now()
     job.join(3, name="static3", world_size=4)
     assert job.exit_code("static3") == 2
     log = job.log("static3")
     assert "RuntimeError: RPC group mixes statically and dynamically initialized members" in log, log
-    assert names_now() == ["worker0", "worker1", "worker2"]
+    assert names_now() == before
 
 
 def test_a_dynamic_worker_cannot_join_a_static_job(job):
