@@ -38,11 +38,11 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
         rpc_backend_options (RpcOptions): see :class:`RpcOptions`.
 
     Raises:
-        TypeError, ValueError: on invalid arguments, a name (or, joining a
-            dynamic job, a rank) used twice in the job, or an already
-            initialized process.
+        TypeError, ValueError: on invalid arguments, a name used twice in the
+            job, or an already initialized process.
         RuntimeError: the rendezvous store holds a job of the other kind
-            (static and dynamic workers cannot mix).
+            (static and dynamic workers cannot mix), or, joining a dynamic
+            job, the name or rank is not unique.
     """
     rendezvous.validate_name(name)
     check_backend(backend)

@@ -83,8 +83,8 @@ class Agent : public std::enable_shared_from_this<Agent> {
   // The whole job's table, indexed by rank; after the rendezvous. A dynamic
   // job's members as this worker joins (itself included).
   void setPeers(std::vector<PeerInfo> peers);
-  // A dynamic job: a worker joined (throws c10::ValueError if its name or rank
-  // is taken), or left; `why` says how, for the errors of later calls to it.
+  // A dynamic job: a worker joined (throws c10::Error if its name or rank is
+  // taken), or left; `why` says how, for the errors of later calls to it.
   void addPeer(PeerInfo peer) { members_.add(std::move(peer)); }
   void removePeer(int rank, const std::string& why) { members_.remove(rank, why); }
   // `what` names the handler's work in the error of an exception it throws

@@ -33,15 +33,9 @@ void Members::set(std::vector<PeerInfo> peers) {
 void Members::add(PeerInfo info) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& [rank, p] : infos_) {
-    if (rank == info.rank) {
-      C10_THROW_ERROR(ValueError, "worker '" + info.name + "' cannot join with rank " + std::to_string(rank) + ": " +
-                                      p->name + " has that rank; every worker of a job needs a unique rank");
-    }
-    if (p->name == info.name) {
-      C10_THROW_ERROR(ValueError, "worker '" + info.name + "' (rank " + std::to_string(info.rank) +
-                                      ") cannot join: rank " + std::to_string(rank) +
-                                      " has that name; every worker of a job needs a unique name");
-    }
+    TORCH_CHECK(rank != info.rank && p->name != info.name, "worker '", info.name, "' (rank ", info.rank,
+                ") cannot join the job: its ", rank == info.rank ? "rank" : "name", " is not unique, member '", p->name,
+                "' (rank ", rank, ") has it; every worker of a job needs a unique name and rank");
   }
   const int rank = info.rank;
   departed_.erase(rank);

@@ -59,8 +59,8 @@ class Members {
 
   // Sets a static job's table, indexed by rank, or a dynamic job's first one.
   void set(std::vector<PeerInfo> peers);
-  // A dynamic job: adds a worker that joined. Throws c10::ValueError if its
-  // rank or name belongs to another member.
+  // A dynamic job: adds a worker that joined. Throws c10::Error if its rank
+  // or name belongs to another member.
   void add(PeerInfo info);
   // A dynamic job: removes a worker that left (`why` names how, for the
   // errors of later calls to it). Returns whether it was a member.

@@ -45,13 +45,10 @@ std::vector<agent::PeerInfo> Membership::enter(const agent::PeerInfo& me) {
   rendezvous_.claimKind();
   auto peers = rendezvous_.members();
   for (const auto& p : peers) {
-    if (p.rank == me.rank || p.name == me.name) {
-      C10_THROW_ERROR(ValueError, "worker '" + me.name + "' (rank " + std::to_string(me.rank) +
-                                      ") cannot join the job: its member '" + p.name + "' (rank " +
-                                      std::to_string(p.rank) + ") has the same " +
-                                      (p.rank == me.rank ? "rank" : "name") +
-                                      "; every worker of a job needs a unique name and rank");
-    }
+    // RuntimeError with "is not unique", as upstream's.
+    TORCH_CHECK(p.rank != me.rank && p.name != me.name, "worker '", me.name, "' (rank ", me.rank,
+                ") cannot join the job: its ", p.rank == me.rank ? "rank" : "name", " is not unique, member '", p.name,
+                "' (rank ", p.rank, ") has it; every worker of a job needs a unique name and rank");
     others_.push_back(p.rank);
   }
   peers.push_back(me);

@@ -142,7 +142,7 @@ def test_a_name_or_rank_in_use_cannot_join(job, rank, name, clash):
     key = f"same-{clash}"
     job.join(rank, name=name, key=key)
     assert job.exit_code(key) == 2
-    assert f"has the same {clash}; every worker of a job needs a unique name and rank" in job.log(key)
+    assert f"RuntimeError: worker '{name}' (rank {rank}) cannot join the job: its {clash} is not unique" in job.log(key)
     assert names_now() == ["worker0", "worker1"]  # the job goes on, and can take others
 
 
