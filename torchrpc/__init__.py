@@ -7,6 +7,7 @@ from torchrpc import autograd, functions, optim
 from torchrpc.api import (
     WorkerInfo,
     _debug_info,
+    _get_current_rpc_agent,
     get_rpc_timeout,
     get_worker_info,
     init_rpc,

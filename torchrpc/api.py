@@ -57,6 +57,30 @@ def get_worker_info(worker_name=None):
     return session.resolve(worker_name, "get_worker_info")
 
 
+class _CurrentAgent:
+    """This worker's view of the job, as upstream's ``_get_current_rpc_agent()``
+    gives it; a dynamic job's changes as workers join and leave."""
+
+    def __init__(self, session):
+        self._session = session
+
+    def get_worker_info(self, worker_name=None):
+        """The WorkerInfo of `worker_name`, or of this worker if None."""
+        if worker_name is None:
+            return self._session.me
+        return self._session.resolve(worker_name, "get_worker_info")
+
+    def get_worker_infos(self):
+        """Every worker of the job now, by rank."""
+        return self._session.worker_infos()
+
+
+@require_initialized
+def _get_current_rpc_agent():
+    """This worker's agent: ``get_worker_info(name=None)`` and ``get_worker_infos()``."""
+    return _CurrentAgent(state.require())
+
+
 @require_initialized
 def get_rpc_timeout():
     """The default timeout of this worker's calls, in seconds

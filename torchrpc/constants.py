@@ -24,3 +24,6 @@ DEFAULT_MAX_CALLS_IN_FLIGHT = 256
 #: Seconds without a sign of life from a peer that owes responses before its
 #: calls fail (0: never). TORCHRPC_HEARTBEAT_SECONDS overrides the default.
 DEFAULT_HEARTBEAT_TIMEOUT_SEC = 30.0
+#: The largest rank of a worker in a job without a world_size (workers join and
+#: leave): upstream's worker ids are 16-bit (csrc/agent/members.h kMaxDynamicRank).
+MAX_DYNAMIC_RANK = 32767

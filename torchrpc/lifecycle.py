@@ -18,8 +18,11 @@ from torchrpc.options import RpcOptions, check_backend
 def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=None):
     """Joins this process to an RPC job as worker `name`.
 
-    Blocks until every worker of the job has joined (up to
-    ``RpcOptions.init_timeout``).
+    With a `world_size`, blocks until every worker of the job has joined (up
+    to ``RpcOptions.init_timeout``). Without one (and no ``WORLD_SIZE`` with
+    ``env://``) the job is dynamic: this worker joins the workers that are
+    there now, which learn of it before init_rpc returns, and leaves alone at
+    :func:`shutdown`; every worker of such a job must omit world_size.
 
     Args:
         name (str): unique name of this worker: letters, digits, ``_`` and ``-``,
@@ -27,14 +30,19 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
         backend (BackendType): ``None`` (default) or
             ``BackendType.TENSORPIPE`` (torchrpc's or ``torch.distributed.rpc``'s):
             torchrpc has one backend.
-        rank (int): unique rank in ``[0, world_size)``; ``-1`` (default) reads
-            ``RANK`` from the environment with ``env://``.
-        world_size (int): number of workers; ``None`` reads ``WORLD_SIZE``.
+        rank (int): unique rank in ``[0, world_size)`` (in ``[0, 32767]``
+            without a world_size); ``-1`` (default) reads ``RANK`` from the
+            environment with ``env://``.
+        world_size (int): number of workers; ``None`` reads ``WORLD_SIZE``
+            with ``env://``, else makes the job dynamic.
         rpc_backend_options (RpcOptions): see :class:`RpcOptions`.
 
     Raises:
-        TypeError, ValueError: on invalid arguments, a name used twice in the job,
-            or an already initialized process.
+        TypeError, ValueError: on invalid arguments, a name used twice in the
+            job, or an already initialized process.
+        RuntimeError: the rendezvous store holds a job of the other kind
+            (static and dynamic workers cannot mix), or, joining a dynamic
+            job, the name or rank is not unique.
     """
     rendezvous.validate_name(name)
     check_backend(backend)
@@ -60,7 +68,7 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
             rref_ctx.install_python(python_fallback.encode_value, python_fallback.handle_method)
             for fn, explicit in state.script_names():
                 agent.register_script(explicit, fn)
-            state.install(state.Session(agent, rref_ctx, rank, options))
+            state.install(state.Session(agent, rref_ctx, rank, options, dynamic=world_size is None))
 
         try:
             worker = native().Worker(_agent_options(name, rank, world_size, options), store, before_serving)
@@ -73,7 +81,7 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
 def _agent_options(name, rank, world_size, options):
     """The native AgentOptions of this worker."""
     o = native().AgentOptions()
-    o.name, o.rank, o.world_size = name, rank, world_size
+    o.name, o.rank, o.world_size = name, rank, world_size or 0  # 0: a dynamic job
     o.listen_host = rendezvous.listen_host(options.init_method)
     o.host_id = rendezvous.host_id()
     o.secret = options.secret or b""
@@ -90,8 +98,10 @@ def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):
     Args:
         graceful (bool): if True (default), first wait until this worker's own
             calls have completed and every worker of the job has reached
-            shutdown, serving their calls meanwhile. If False, stop at once;
-            pending calls fail with ShutdownError.
+            shutdown, serving their calls meanwhile (a worker of a dynamic job
+            waits for its own calls only, then leaves the job: the others
+            drop it). If False, stop at once; pending calls fail with
+            ShutdownError.
         timeout (float): seconds the graceful wait may take (default 60); the
             agent then stops regardless and the error names what was missing.
 

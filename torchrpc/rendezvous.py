@@ -2,8 +2,9 @@
 
 This module opens the store (``env://``, ``tcp://``, ``file://`` or an
 explicit one) and validates names; the protocol on the store (each worker
-publishes its name, rank, addresses and host id; barriers) is in C++
-(csrc/rendezvous), run by the Worker (csrc/worker), shared with C++ workers.
+publishes its name, rank, addresses and host id; barriers; the members of a
+dynamic job) is in C++ (csrc/rendezvous), run by the Worker (csrc/worker),
+shared with C++ workers.
 """
 
 import datetime
@@ -92,32 +93,61 @@ def listen_host(init_method):
 
 
 def open_store(options, rank, world_size):
-    """Returns (store, rank, world_size), resolving -1/None from the environment."""
+    """Returns (store, rank, world_size), resolving -1/None from the environment.
+
+    world_size None (and no WORLD_SIZE with env://) is a dynamic job: workers
+    join and leave while it runs (csrc/worker/membership.h); world_size stays None.
+    """
     timeout = datetime.timedelta(seconds=options.init_timeout or 1e6)
-    if options.store is not None:
-        if rank is None or rank < 0 or world_size is None:
-            raise ValueError("init_rpc with an explicit store needs rank= and world_size=")
-        return options.store, rank, world_size
     method = options.init_method
-    if method.startswith("env://"):
+    if options.store is None and method.startswith("env://"):
         rank = int(os.environ["RANK"]) if (rank is None or rank < 0) and "RANK" in os.environ else rank
         if world_size is None and "WORLD_SIZE" in os.environ:
             world_size = int(os.environ["WORLD_SIZE"])
+    _check_rank(options, rank, world_size)
+    if options.store is not None:
+        return options.store, rank, world_size
+    if method.startswith("env://"):
         missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
         if missing:
             raise ValueError(
                 f"init_method='env://' needs the environment variables {', '.join(missing)} "
                 "(torchrun sets them), or pass RpcOptions(init_method='tcp://host:port')"
             )
-    if rank is None or rank < 0:
-        raise ValueError("init_rpc needs rank= (or RANK in the environment with env://)")
-    if world_size is None or world_size < 1:
-        raise ValueError("init_rpc needs world_size= >= 1 (or WORLD_SIZE in the environment with env://)")
-    if rank >= world_size:
-        raise ValueError(f"init_rpc(rank={rank}) must be smaller than world_size={world_size}")
     if rank != 0:
         _wait_for_store_host(method, options.init_timeout)
-    store, _, _ = next(dist.rendezvous(method, rank, world_size, timeout=timeout))
+    if world_size is None:
+        # torch's rendezvous handlers take a job without a size as world_size=-1
+        # in the URL (its stores then wait for no number of workers).
+        sep = "&" if "?" in method else "?"
+        store, _, _ = next(dist.rendezvous(f"{method}{sep}rank={rank}&world_size=-1", timeout=timeout))
+    else:
+        store, _, _ = next(dist.rendezvous(method, rank, world_size, timeout=timeout))
     store.set_timeout(timeout)
     return store, rank, world_size
+
+
+def _check_rank(options, rank, world_size):
+    """Raises ValueError for a missing or impossible rank or world size, with
+    torch's key phrases ("rank parameter missing", "environment variable RANK
+    expected")."""
+    if rank is None or rank < 0:
+        if options.store is None and options.init_method.startswith("env://"):
+            raise ValueError(
+                "init_rpc needs a rank: environment variable RANK expected with init_method='env://', "
+                "but not set; set it (torchrun does) or pass init_rpc(rank=...)"
+            )
+        raise ValueError("init_rpc needs a rank (rank parameter missing): pass init_rpc(rank=...)")
+    if world_size is None:
+        if rank > constants.MAX_DYNAMIC_RANK:
+            raise ValueError(
+                f"init_rpc(rank={rank}): a worker of a job without world_size needs a rank "
+                f"in [0, {constants.MAX_DYNAMIC_RANK}]"
+            )
+        return
+    if world_size < 1:
+        raise ValueError(f"init_rpc(world_size={world_size}): use world_size >= 1, or None for a job that workers "
+                         "join and leave while it runs")
+    if rank >= world_size:
+        raise ValueError(f"init_rpc(rank={rank}) must be smaller than world_size={world_size}")
 

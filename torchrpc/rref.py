@@ -105,7 +105,13 @@ class RRef:
 
     def owner(self):
         """The owner's :class:`WorkerInfo`."""
-        return state.require("RRef.owner()").workers[self._handle.owner()]
+        session = state.require("RRef.owner()")
+        owner = self._handle.owner()
+        info = session.worker_at(owner)
+        if info is None:  # the owner left a dynamic job: "<name> (rank N) left ..."
+            why = session.agent.departed(owner) or f"rank{owner}"
+            info = state.WorkerInfo(why.split(" (rank ")[0], owner)
+        return info
 
     def owner_name(self):
         """The owner's worker name."""
@@ -279,7 +285,8 @@ class RRef:
     def __repr__(self):
         session = state.current()
         owner = self._handle.owner()
-        name = session.workers[owner].name if session is not None and owner < len(session.workers) else owner
+        info = session.worker_at(owner) if session is not None else None
+        name = info.name if info is not None else owner
         if self._handle.is_owner():
             return f"OwnerRRef(owner={name}, id={self._handle.id()})"
         return f"UserRRef(owner={name}, id={self._handle.id()}, fork={self._handle.fork_id()})"

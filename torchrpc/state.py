@@ -53,48 +53,84 @@ class WorkerInfo:
 
 class Session:
     """What init_rpc set up in this process; read-only once installed, except
-    ``closing``, which shutdown() sets under :data:`lock`."""
+    ``closing``, which shutdown() sets under :data:`lock`, and a dynamic job's
+    table of workers, which follows the agent's as workers join and leave."""
 
-    def __init__(self, agent, rref_ctx, rank, options):
+    def __init__(self, agent, rref_ctx, rank, options, dynamic=False):
         self.worker = None  # the lifecycle (csrc/worker); set once it has started
         self.agent = agent
         self.rref_ctx = rref_ctx  # the RRef protocol (csrc/rref)
         self.callbacks = native().CallbackRunner()  # runs rpc_async completions
-        peers = agent.peers()  # (name, rank, tcp address, unix address, host id) by rank
-        self.addresses = (peers[rank][2], peers[rank][3])  # (tcp, unix) this worker listens on
         self.closing = False  # shutdown() has begun
-        self.workers = [WorkerInfo(p[0], p[1]) for p in peers]
-        self.me = self.workers[rank]
-        self.by_name = {w.name: w for w in self.workers}
+        self.dynamic = dynamic  # init_rpc without world_size: workers join and leave
         self.options = options
+        self._version = None
+        self._load()
+        self.me = self._by_rank[rank]
+        mine = next(p for p in agent.peers() if p[1] == rank)
+        self.addresses = (mine[2], mine[3])  # (tcp, unix) this worker listens on
+
+    def _load(self):
+        # The version first: a change while peers() is read shows at the next check.
+        version = self.agent.membership_version()
+        by_rank = {p[1]: WorkerInfo(p[0], p[1]) for p in self.agent.peers()}
+        self._by_rank, self._by_name, self._version = by_rank, {w.name: w for w in by_rank.values()}, version
+
+    def _table(self):
+        """(by rank, by name) of the workers in the job now."""
+        if self.dynamic and self.agent.membership_version() != self._version:
+            self._load()
+        return self._by_rank, self._by_name
+
+    def worker_infos(self):
+        """Every worker of the job now, by rank."""
+        return sorted(self._table()[0].values())
+
+    def worker_at(self, rank):
+        """The WorkerInfo of `rank`, or None."""
+        return self._table()[0].get(rank)
 
     def resolve(self, to, call):
         """The WorkerInfo of `to` (a name, a rank or a WorkerInfo); `call`
         names the API function in the error."""
+        by_rank, by_name = self._table()
         if isinstance(to, WorkerInfo):
-            if to.id < len(self.workers) and self.workers[to.id] == to:
+            if by_rank.get(to.id) == to:
                 return to
+            self._raise_departed(to.name, call)
             raise errors.UnknownWorkerError(f"{call}: {to} is not a worker of this job (could not find destination)")
         if isinstance(to, str):
-            info = self.by_name.get(to)
+            info = by_name.get(to)
             if info is None:
-                known = ", ".join(sorted(self.by_name))
+                self._raise_departed(to, call)
+                known = ", ".join(sorted(by_name))
                 raise errors.UnknownWorkerError(
                     f"{call}: unknown worker {to!r}; known workers: {known} (could not find destination)")
             return info
         if isinstance(to, numbers.Integral) and not isinstance(to, bool):
-            if 0 <= to < len(self.workers):
-                return self.workers[to]
+            info = by_rank.get(to)
+            if info is not None:
+                return info
+            self._raise_departed(int(to), call)
             raise errors.UnknownWorkerError(
-                f"{call}: no worker has rank {to}; ranks are 0..{len(self.workers) - 1} (could not find destination)")
+                f"{call}: no worker has rank {to}; ranks are {_ranges(sorted(by_rank))} (could not find destination)")
         if isinstance(to, numbers.Real) and not isinstance(to, bool):  # a ValueError, as upstream
             raise errors.UnknownWorkerError(
-                f"{call}: no worker has rank {to}; ranks are integers 0..{len(self.workers) - 1} "
+                f"{call}: no worker has rank {to}; ranks are integers {_ranges(sorted(by_rank))} "
                 "(could not find destination)")
         raise TypeError(
             f"{call}(to=...) expects a worker name (str), a rank (int) or a WorkerInfo; "
             f"got {type(to).__name__}"
         )
+
+    def _raise_departed(self, who, call):
+        """Raises PeerUnreachableError if `who` (a name or rank) left this dynamic job."""
+        why = self.agent.departed(who) if self.dynamic else None
+        if why is not None:
+            raise errors.PeerUnreachableError(
+                f"{call}: {why}, so it cannot be called; the job's workers now: "
+                f"{', '.join(w.name for w in self.worker_infos())}"
+            )
 
     def timeout(self, timeout, call):
         """`timeout` in seconds as a float; -1 or None is the session's default."""
@@ -105,6 +141,18 @@ class Session:
         if timeout < 0:
             raise ValueError(f"{call}(timeout={timeout}): use seconds >= 0 (0 means no timeout) or -1 for the default")
         return float(timeout)
+
+
+def _ranges(ranks):
+    """'0..3, 5' for [0, 1, 2, 3, 5]."""
+    out, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            out.append(str(r) if start == r else f"{start}..{r}")
+            start = None
+    return ", ".join(out)
 
 
 _session = None

@@ -38,13 +38,10 @@ at::Tensor bytesTensor(std::string&& bytes) {
 
 Agent::Agent(AgentOptions options)
     : options_(std::move(options)),
+      members_(options_.rank, options_.worldSize),
       started_(std::chrono::steady_clock::now()),
       pending_(options_.name) {
   TORCH_CHECK(options_.numWorkerThreads > 0, "num_worker_threads must be positive");
-  TORCH_CHECK(options_.worldSize > 0, "world_size must be positive");
-  // A peer may connect (and prove its rank) before this worker has the
-  // job's table (setPeers): the states of all ranks exist from the start.
-  for (int i = 0; i < options_.worldSize; ++i) peerStates_.push_back(std::make_unique<PeerState>());
   loop_ = std::make_unique<transport::Loop>(options_.name);
   // Idle pool threads that wait for the next request read it themselves.
   pool_ = std::make_unique<ThreadPool>(options_.numWorkerThreads, options_.name,
@@ -64,11 +61,7 @@ std::pair<std::string, std::string> Agent::listen() {
   return {tcp, unixAddr};
 }
 
-void Agent::setPeers(std::vector<PeerInfo> peers) {
-  TORCH_CHECK(static_cast<int>(peers.size()) == options_.worldSize, "expected ",
-              options_.worldSize, " peers, got ", peers.size());
-  peers_ = std::move(peers);
-}
+void Agent::setPeers(std::vector<PeerInfo> peers) { members_.set(std::move(peers)); }
 
 void Agent::setHandler(message::MessageType type, Handler handler, std::string what) {
   if (what.empty()) what = message::messageTypeName(type);
@@ -94,13 +87,6 @@ void Agent::setCurrent(std::shared_ptr<Agent> agent) {
   currentAgent = std::move(agent);
 }
 
-int Agent::rankOf(const std::string& name) const {
-  for (const auto& p : peers_) {
-    if (p.name == name) return p.rank;
-  }
-  return -1;
-}
-
 void Agent::startServing() {
   loop_->defer([this] {
     serving_ = true;
@@ -110,16 +96,14 @@ void Agent::startServing() {
   });
 }
 
-const PeerInfo& Agent::peer(int rank) const {
-  TORCH_CHECK(rank >= 0 && rank < static_cast<int>(peers_.size()), "no worker with rank ", rank,
-              " (world size ", peers_.size(), ")");
-  return peers_[rank];
+PeerInfo Agent::peer(int rank) const {
+  if (auto p = members_.find(rank)) return *p;
+  std::string departed = members_.departed(rank);
+  TORCH_CHECK(false, departed.empty() ? "no worker with rank " + std::to_string(rank) + " in the job" : departed);
 }
 
-std::string Agent::peerLabel(int rank) const {
-  if (rank < 0 || rank >= static_cast<int>(peers_.size())) return "rank " + std::to_string(rank);
-  const PeerInfo& p = peers_[rank];
-  if (rank == options_.rank) return p.name;
+std::string Agent::peerLabel(const PeerInfo& p) const {
+  if (p.rank == options_.rank) return p.name;
   bool local = !p.hostId.empty() && p.hostId == options_.hostId;
   return p.name + " (" + (local ? p.unixAddress : p.tcpAddress) + ")";
 }
@@ -134,14 +118,18 @@ Agent::FuturePtr Agent::send(int dst, message::Message&& request, double timeout
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
   const uint64_t id = pending_.nextId();
   request.id = id;
+  auto peer = members_.find(dst);
   std::string description = callKind + " #" + std::to_string(id) + " " + options_.name + " -> " +
-                            peerLabel(dst) + " '" + function + "'";
+                            (peer ? peerLabel(*peer) : "rank " + std::to_string(dst)) + " '" + function + "'";
   auto fail = [&](common::ErrorKind kind, const std::string& why) {
     future->setError(common::makeRpcError(kind, description + ": " + why));
     return future;
   };
   if (shuttingDown_.load()) return fail(common::ErrorKind::kShutdown, "torchrpc is shutting down on " + options_.name);
-  if (dst < 0 || dst >= static_cast<int>(peers_.size())) {
+  if (!peer) {
+    // A worker of a dynamic job that left: the caller could not know.
+    std::string departed = members_.departed(dst);
+    if (!departed.empty()) return fail(common::ErrorKind::kPeerUnreachable, departed);
     return fail(common::ErrorKind::kInvalidArgument, "no worker with rank " + std::to_string(dst));
   }
   if (interceptor_) {
@@ -163,9 +151,9 @@ Agent::FuturePtr Agent::send(int dst, message::Message&& request, double timeout
     });
     return future;
   }
-  auto conn = connectionTo(dst, timeoutSeconds);
+  auto conn = connectionTo(*peer, timeoutSeconds);
   if (conn.error) {
-    return fail(common::ErrorKind::kPeerUnreachable, "cannot connect: " + conn.error.what() + ". Is " + peers_[dst].name +
+    return fail(common::ErrorKind::kPeerUnreachable, "cannot connect: " + conn.error.what() + ". Is " + peer->name +
                                                  " still running? Check its log.");
   }
   call.connectionId = conn.value->id();
@@ -190,10 +178,10 @@ std::exception_ptr refusedBeforeSending(const Agent::FuturePtr& future) {
 
 bool Agent::sendsAtOnce(int dst, uint64_t bytes) const {
   if (dst == options_.rank) return true;
-  if (dst < 0 || dst >= static_cast<int>(peerStates_.size())) return false;
-  PeerState& state = *peerStates_[dst];
-  std::lock_guard<std::mutex> lock(state.mutex);
-  return state.conn && state.conn->acceptsWithoutWaiting(bytes);
+  auto link = members_.link(dst);
+  if (!link) return false;
+  std::lock_guard<std::mutex> lock(link->mutex);
+  return link->conn && link->conn->acceptsWithoutWaiting(bytes);
 }
 
 void Agent::onResponse(message::Message&& m, int src, uint64_t connectionId) {
@@ -392,9 +380,9 @@ void Agent::shutdown() {
   loop_->stop();
   pending_.stop();
   if (interceptor_) interceptor_->stop();
-  for (auto& state : peerStates_) {
-    std::lock_guard<std::mutex> lock(state->mutex);
-    state->conn.reset();
+  for (auto& link : members_.links()) {
+    std::lock_guard<std::mutex> lock(link->mutex);
+    link->conn.reset();
   }
 }
 

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "agent/interceptor.h"
+#include "agent/members.h"
 #include "agent/pending.h"
 #include "agent/thread_pool.h"
 #include "auth/handshake.h"
@@ -47,7 +48,7 @@ namespace torchrpc::agent {
 struct AgentOptions {
   std::string name;
   int rank{0};
-  int worldSize{1};
+  int worldSize{1};                     // <= 0: a dynamic job (members.h)
   size_t numWorkerThreads{16};
   double defaultTimeoutSeconds{60.0};   // calls that pass timeout -1 (TorchScript ops)
   std::string listenHost{"127.0.0.1"};  // TCP interface to listen on
@@ -55,19 +56,10 @@ struct AgentOptions {
   std::string secret;                   // the job's; every connection proves it (auth/handshake.h)
   script_dispatch::CalleePolicy policy;  // what peers may run here, what is taken back (callee_policy.h)
   transport::Limits limits;             // per connection: caps and heartbeats (connection.h)
-  // Open connections, and of them those still in their handshake; beyond
-  // either cap an accepted connection is closed at once.
-  size_t maxConnections() const { return 2 * static_cast<size_t>(worldSize) + kMaxHandshaking; }
+  // Connections still in their handshake; beyond this cap (or beyond
+  // Agent::maxConnections() open ones) an accepted connection is closed at once.
   static constexpr size_t kMaxHandshaking = 64;
   double peerGraceSeconds{5.0};         // a peer lost without GOODBYE is gone after this (worker/peer_watch.h)
-};
-
-struct PeerInfo {
-  std::string name;
-  int rank{0};
-  std::string tcpAddress;
-  std::string unixAddress;
-  std::string hostId;
 };
 
 class Agent : public std::enable_shared_from_this<Agent> {
@@ -88,8 +80,13 @@ class Agent : public std::enable_shared_from_this<Agent> {
 
   // Starts listening; returns {tcpAddress, unixAddress} to publish.
   std::pair<std::string, std::string> listen();
-  // The whole job's table, indexed by rank; after the rendezvous.
+  // The whole job's table, indexed by rank; after the rendezvous. A dynamic
+  // job's members as this worker joins (itself included).
   void setPeers(std::vector<PeerInfo> peers);
+  // A dynamic job: a worker joined (throws c10::Error if its name or rank is
+  // taken), or left; `why` says how, for the errors of later calls to it.
+  void addPeer(PeerInfo peer) { members_.add(std::move(peer)); }
+  void removePeer(int rank, const std::string& why) { members_.remove(rank, why); }
   // `what` names the handler's work in the error of an exception it throws
   // (default: the message type).
   void setHandler(message::MessageType type, Handler handler, std::string what = "");
@@ -144,21 +141,20 @@ class Agent : public std::enable_shared_from_this<Agent> {
 
   const AgentOptions& options() const { return options_; }
   // The rank of the worker named `name`, or -1.
-  int rankOf(const std::string& name) const;
-  const PeerInfo& peer(int rank) const;
+  int rankOf(const std::string& name) const { return members_.rankOf(name); }
+  // The worker of `rank`; throws if it is not (or no longer) a member.
+  PeerInfo peer(int rank) const;
+  const Members& members() const { return members_; }
+  // Open connections beyond which an accepted one is refused: two per member
+  // of the job now, plus kMaxHandshaking.
+  size_t maxConnections() const { return 2 * members_.size() + AgentOptions::kMaxHandshaking; }
   script_dispatch::Registry& registry() { return registry_; }
   ThreadPool& pool() { return *pool_; }
   size_t pendingCount() const { return pending_.size(); }
   size_t connectionCount() const;
 
  private:
-  struct PeerState {
-    std::mutex connectMutex;  // one connection attempt at a time
-    std::mutex mutex;         // guards conn
-    std::shared_ptr<transport::Connection> conn;  // used for sending requests
-  };
-
-  common::Fallible<std::shared_ptr<transport::Connection>> connectionTo(int dst, double timeoutSeconds);
+  common::Fallible<std::shared_ptr<transport::Connection>> connectionTo(const PeerInfo& peer, double timeoutSeconds);
   void adopt(const std::shared_ptr<transport::Connection>& conn);
   void onMessageFromLoop(const std::shared_ptr<transport::Connection>& conn, message::Message&& m,
                          transport::Ticket ticket);
@@ -173,11 +169,10 @@ class Agent : public std::enable_shared_from_this<Agent> {
   void dispatch(message::Message&& request, int callerRank, message::Reply reply);
   void respondOn(const std::shared_ptr<transport::Connection>& conn, message::Message&& response,
                  const transport::Ticket& ticket);
-  std::string peerLabel(int rank) const;
+  std::string peerLabel(const PeerInfo& peer) const;
 
   const AgentOptions options_;
-  std::vector<PeerInfo> peers_;
-  std::vector<std::unique_ptr<PeerState>> peerStates_;
+  Members members_;
   std::unordered_map<uint16_t, std::pair<Handler, std::string>> handlers_;  // handler, what
   std::unordered_map<uint16_t, FastPath> fastPaths_;
   std::shared_ptr<Interceptor> interceptor_;

@@ -13,11 +13,10 @@
 namespace torchrpc::agent {
 
 std::unique_ptr<auth::Handshake> Agent::handshake(auth::Handshake::Role role, int dst) const {
-  // Any rank of the job but this one's (a peer may connect before setPeers).
-  const int worldSize = options_.worldSize, self = options_.rank;
-  return std::make_unique<auth::Handshake>(role, options_.secret, self, dst, [worldSize, self](int32_t rank) {
-    return rank >= 0 && rank < worldSize && rank != self;
-  });
+  // Any rank of the job but this one's (a peer may connect before setPeers,
+  // and a worker joining a dynamic job before the members know it).
+  return std::make_unique<auth::Handshake>(role, options_.secret, options_.rank, dst,
+                                           [this](int32_t rank) { return members_.admissible(rank); });
 }
 
 void Agent::accept(int fd, const std::string& description) {
@@ -33,13 +32,13 @@ void Agent::accept(int fd, const std::string& description) {
       if (!oldest || id < oldest->id()) oldest = conn;
     }
   }
-  if (open >= options_.maxConnections() && handshaking == 0) {
+  if (open >= maxConnections() && handshaking == 0) {
     ::close(fd);
     TORCHRPC_WARN(options_.name, "refused an " << description << ": " << open << " connections are open (the cap is "
-                                              << options_.maxConnections() << ")");
+                                              << maxConnections() << ")");
     return;
   }
-  if (open >= options_.maxConnections() || handshaking >= AgentOptions::kMaxHandshaking) {
+  if (open >= maxConnections() || handshaking >= AgentOptions::kMaxHandshaking) {
     // A member proves itself in milliseconds: the oldest unproven connection
     // is the likeliest to be an outsider's (or dead), and makes room.
     TORCHRPC_WARN(options_.name, "closing the oldest of " << handshaking << " connections still in their handshake ("
@@ -65,8 +64,10 @@ void Agent::adopt(const std::shared_ptr<transport::Connection>& conn) {
       });
 }
 
-common::Fallible<std::shared_ptr<transport::Connection>> Agent::connectionTo(int dst, double timeoutSeconds) {
-  PeerState& state = *peerStates_[dst];
+common::Fallible<std::shared_ptr<transport::Connection>> Agent::connectionTo(const PeerInfo& p, double timeoutSeconds) {
+  auto link = members_.link(p.rank);
+  if (!link) return {nullptr, common::Error(common::Error::Code::kClosed, p.name + " is not a worker of the job")};
+  PeerLink& state = *link;
   {
     std::lock_guard<std::mutex> lock(state.mutex);
     if (state.conn && !state.conn->closed()) return {state.conn, common::Error()};
@@ -76,7 +77,6 @@ common::Fallible<std::shared_ptr<transport::Connection>> Agent::connectionTo(int
     std::lock_guard<std::mutex> lock(state.mutex);
     if (state.conn && !state.conn->closed()) return {state.conn, common::Error()};
   }
-  const PeerInfo& p = peers_[dst];
   bool local = !p.hostId.empty() && p.hostId == options_.hostId;
   const std::string& address = local ? p.unixAddress : p.tcpAddress;
   double connectTimeout = timeoutSeconds > 0 ? std::min(timeoutSeconds, 30.0) : 30.0;
@@ -85,7 +85,7 @@ common::Fallible<std::shared_ptr<transport::Connection>> Agent::connectionTo(int
   // Requests sent now wait in the connection until the handshake proved who
   // answered; a failed handshake closes it and fails them, saying why.
   auto conn = std::make_shared<transport::Connection>(*loop_, fd.value, "connection to " + p.name + " (" + address + ")",
-                                                      options_.name, handshake(auth::Handshake::Role::kConnector, dst),
+                                                      options_.name, handshake(auth::Handshake::Role::kConnector, p.rank),
                                                       options_.limits);
   adopt(conn);
   std::lock_guard<std::mutex> lock(state.mutex);
@@ -94,10 +94,12 @@ common::Fallible<std::shared_ptr<transport::Connection>> Agent::connectionTo(int
 }
 
 void Agent::onAuthenticatedFromLoop(const std::shared_ptr<transport::Connection>& conn, int rank) {
-  // Reuse the peer's connection for our own requests, unless we opened one too.
-  PeerState& state = *peerStates_[rank];
-  std::lock_guard<std::mutex> lock(state.mutex);
-  if (!state.conn || state.conn->closed()) state.conn = conn;
+  // Reuse the peer's connection for our own requests, unless we opened one
+  // too (or it is not a member yet: a worker joining a dynamic job).
+  auto link = members_.link(rank);
+  if (!link) return;
+  std::lock_guard<std::mutex> lock(link->mutex);
+  if (!link->conn || link->conn->closed()) link->conn = conn;
 }
 
 void Agent::onCloseFromLoop(const std::shared_ptr<transport::Connection>& conn, const std::string& reason) {
@@ -107,19 +109,11 @@ void Agent::onCloseFromLoop(const std::shared_ptr<transport::Connection>& conn, 
   }
   // The proven rank; else, for a connection this worker dialed, the rank it
   // dialed (a peer that dies before its handshake is lost all the same).
-  int rank = conn->peerRank();
-  for (int r = 0; r < static_cast<int>(peerStates_.size()); ++r) {
-    if (rank >= 0 && r != rank) continue;
-    PeerState& state = *peerStates_[r];
-    std::lock_guard<std::mutex> lock(state.mutex);
-    if (state.conn == conn) {
-      state.conn.reset();
-      rank = r;
-    }
-  }
+  int rank = members_.unlink(conn);
+  if (rank < 0) rank = conn->peerRank();
   bool goodbye = saidGoodbye_.erase(conn->id()) > 0;
-  std::string peerName = rank >= 0 && rank < static_cast<int>(peers_.size()) ? peers_[rank].name
-                                                                            : "the peer";
+  auto member = rank >= 0 ? members_.find(rank) : nullptr;
+  std::string peerName = member ? member->name : "the peer";
   if (shuttingDown_.load()) {
     pending_.failConnection(conn->id(), common::ErrorKind::kShutdown, [&](const Pending::Call& c) {
       return c.description + ": torchrpc shut down on " + options_.name + " before a response arrived";
@@ -150,8 +144,9 @@ void Agent::onCloseFromLoop(const std::shared_ptr<transport::Connection>& conn, 
 
 bool Agent::reachable(int rank, double timeoutSeconds) {
   if (rank == options_.rank) return true;
-  if (rank < 0 || rank >= static_cast<int>(peers_.size()) || shuttingDown_.load()) return false;
-  return !connectionTo(rank, timeoutSeconds).error;
+  auto peer = members_.find(rank);
+  if (!peer || shuttingDown_.load()) return false;
+  return !connectionTo(*peer, timeoutSeconds).error;
 }
 
 }  // namespace torchrpc::agent

@@ -8,6 +8,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <optional>
+#include <variant>
 #include <tuple>
 
 #include "agent/agent.h"
@@ -303,15 +304,26 @@ PYBIND11_MODULE(_C, m) {
              if (!refused) return std::nullopt;
              return refused->message;
            })
-      // (name, rank, tcp address, unix address, host id) by rank, once set.
+      // (name, rank, tcp address, unix address, host id) of every member, by
+      // rank, once set; a dynamic job's change as workers join and leave.
       .def("peers",
            [](const Agent& a) {
              py::list out;
-             for (int r = 0; r < a.options().worldSize; ++r) {
-               const auto& p = a.peer(r);
+             for (const auto& p : a.members().list()) {
                out.append(py::make_tuple(p.name, p.rank, p.tcpAddress, p.unixAddress, p.hostId));
              }
              return out;
+           })
+      // Changes whenever peers() does.
+      .def("membership_version", [](const Agent& a) { return a.members().version(); })
+      // Why the worker of this rank (int) or name (str) is no member any more
+      // ("worker1 (rank 1) left the job ..."), or None.
+      .def("departed",
+           [](const Agent& a, const std::variant<int, std::string>& who) -> std::optional<std::string> {
+             std::string why = std::holds_alternative<int>(who) ? a.members().departed(std::get<int>(who))
+                                                                 : a.members().departed(std::get<std::string>(who));
+             if (why.empty()) return std::nullopt;
+             return why;
            })
       .def("set_peers",
            [](Agent& a, const std::vector<std::tuple<std::string, int, std::string, std::string, std::string>>& peers) {

@@ -42,6 +42,11 @@ enum class MessageType : uint16_t {
   kAutogradBackward = 52, // gradients for a send function, from the worker that received its tensors
   kAutogradCleanup = 53,  // a context is released: drop it and tell the workers it called
   kAutogradPassDone = 54, // to the worker that called backward(): a pass is done, these it started
+
+  // Membership of a dynamic job (70-79): see csrc/worker/membership.h. Requests,
+  // answered with SCRIPT_RET (None) or EXCEPTION.
+  kMemberJoin = 70,   // the sender joined the job: its record (name, rank, addresses)
+  kMemberLeave = 71,  // the sender leaves the job
 };
 
 inline bool isRequest(MessageType t) {
@@ -49,7 +54,8 @@ inline bool isRequest(MessageType t) {
          t == MessageType::kPythonCall ||
          (t >= MessageType::kRemoteCall && t <= MessageType::kRRefMethodCall) ||
          t == MessageType::kAutogradCall || t == MessageType::kAutogradBackward ||
-         t == MessageType::kAutogradCleanup || t == MessageType::kAutogradPassDone;
+         t == MessageType::kAutogradCleanup || t == MessageType::kAutogradPassDone ||
+         t == MessageType::kMemberJoin || t == MessageType::kMemberLeave;
 }
 
 inline bool isResponse(MessageType t) {

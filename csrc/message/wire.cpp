@@ -36,6 +36,8 @@ const char* messageTypeName(MessageType t) {
     case MessageType::kAutogradBackward: return "AUTOGRAD_BACKWARD";
     case MessageType::kAutogradCleanup: return "AUTOGRAD_CLEANUP";
     case MessageType::kAutogradPassDone: return "AUTOGRAD_PASS_DONE";
+    case MessageType::kMemberJoin: return "MEMBER_JOIN";
+    case MessageType::kMemberLeave: return "MEMBER_LEAVE";
   }
   return "UNKNOWN";
 }

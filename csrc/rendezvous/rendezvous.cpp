@@ -8,8 +8,10 @@
 #include <sstream>
 #include <thread>
 
-#include "auth/handshake.h"
+#include <cctype>
 #include <unordered_map>
+
+#include "auth/handshake.h"
 
 namespace torchrpc::rendezvous {
 
@@ -17,23 +19,14 @@ namespace {
 
 std::vector<uint8_t> bytesOf(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 
-std::string encode(const agent::PeerInfo& p) {
-  return p.name + "\n" + std::to_string(p.rank) + "\n" + p.tcpAddress + "\n" + p.unixAddress + "\n" + p.hostId;
+agent::PeerInfo decode(const std::vector<uint8_t>& bytes, int expectedRank) {
+  return decodePeer(std::string(bytes.begin(), bytes.end()),
+                    "the rendezvous record of rank " + std::to_string(expectedRank) +
+                        " (is another program, or another torchrpc version, using this store?)");
 }
 
-agent::PeerInfo decode(const std::vector<uint8_t>& bytes, int expectedRank) {
-  std::istringstream in(std::string(bytes.begin(), bytes.end()));
-  agent::PeerInfo p;
-  std::string rank;
-  if (!std::getline(in, p.name) || !std::getline(in, rank) || !std::getline(in, p.tcpAddress) ||
-      !std::getline(in, p.unixAddress)) {
-    TORCH_CHECK(false, "malformed rendezvous record for rank ", expectedRank,
-                ": is another program (or another torchrpc version) using this store?");
-  }
-  std::getline(in, p.hostId);
-  p.rank = std::stoi(rank);
-  return p;
-}
+constexpr char kKindKey[] = "torchrpc/kind";
+constexpr auto kTokenPoll = std::chrono::milliseconds(10);
 
 std::vector<std::string> keysFor(const std::string& prefix, int worldSize) {
   std::vector<std::string> keys;
@@ -43,15 +36,112 @@ std::vector<std::string> keysFor(const std::string& prefix, int worldSize) {
 
 }  // namespace
 
+std::string encodePeer(const agent::PeerInfo& p) {
+  return p.name + "\n" + std::to_string(p.rank) + "\n" + p.tcpAddress + "\n" + p.unixAddress + "\n" + p.hostId;
+}
+
+agent::PeerInfo decodePeer(const std::string& record, const std::string& where) {
+  TORCH_CHECK(record.size() <= kMaxRecordBytes, "malformed worker record in ", where, ": ", record.size(),
+              " bytes, more than ", kMaxRecordBytes);
+  std::istringstream in(record);
+  agent::PeerInfo p;
+  std::string rank;
+  bool complete = std::getline(in, p.name) && std::getline(in, rank) && std::getline(in, p.tcpAddress) &&
+                  std::getline(in, p.unixAddress);
+  std::getline(in, p.hostId);
+  bool nameOk = !p.name.empty() && p.name.size() < 128 &&
+                std::all_of(p.name.begin(), p.name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-'; });
+  bool rankOk = !rank.empty() && rank.size() <= 9 && std::all_of(rank.begin(), rank.end(), ::isdigit);
+  TORCH_CHECK(complete && nameOk && rankOk, "malformed worker record in ", where);
+  p.rank = std::stoi(rank);
+  return p;
+}
+
 Rendezvous::Rendezvous(c10::intrusive_ptr<c10d::Store> store, int rank, int worldSize)
-    : rank_(rank), worldSize_(worldSize) {
+    : root_(store), rank_(rank), worldSize_(worldSize) {
+  if (dynamic()) {
+    store_ = c10::make_intrusive<c10d::PrefixStore>("torchrpc/dynamic", std::move(store));
+    return;
+  }
   int64_t joins = store->add("torchrpc/joins", 1);
   int64_t generation = (joins - 1) / worldSize;
   store_ = c10::make_intrusive<c10d::PrefixStore>("torchrpc/" + std::to_string(generation), store);
 }
 
+void Rendezvous::claimKind() {
+  const std::string mine = dynamic() ? "dynamic" : "static";
+  auto held = root_->compareSet(kKindKey, {}, bytesOf(mine));
+  const std::string kind(held.begin(), held.end());
+  // Upstream's words ("RPC group mixes ..."), which programs may match on.
+  TORCH_CHECK(kind == mine, "RPC group mixes statically and dynamically initialized members which is not supported: "
+              "this worker (rank ", rank_, ") calls init_rpc ", dynamic() ? "without" : "with",
+              " a world_size, but the job in this rendezvous store is ", kind,
+              ". Give every worker of a job a world_size, or none; or use another init_method.");
+}
+
+void Rendezvous::releaseKind() {
+  (void)root_->compareSet(kKindKey, bytesOf(dynamic() ? "dynamic" : "static"), {});
+}
+
+void Rendezvous::lockMembership(const std::string& holder) {
+  const auto deadline = std::chrono::steady_clock::now() + store_->getTimeout();
+  while (true) {
+    auto got = store_->compareSet("token", {}, bytesOf(holder));
+    const std::string now(got.begin(), got.end());
+    if (now == holder) return;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      C10_THROW_ERROR(DistStoreError, "cannot join or leave the job: " + now + " has been joining or leaving it for " +
+                                          "longer than the rendezvous timeout (" +
+                                          std::to_string(store_->getTimeout().count() / 1000.0) +
+                                          " s); if it died meanwhile, start the job's store afresh");
+    }
+    std::this_thread::sleep_for(kTokenPoll);
+  }
+}
+
+void Rendezvous::unlockMembership() { store_->set("token", std::vector<uint8_t>()); }
+
+std::vector<int> Rendezvous::listedRanks() {
+  std::vector<int> ranks;
+  if (!store_->check({"members"})) return ranks;
+  auto bytes = store_->get("members");
+  std::istringstream in(std::string(bytes.begin(), bytes.end()));
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) ranks.push_back(std::stoi(item));
+  }
+  return ranks;
+}
+
+void Rendezvous::setListedRanks(const std::vector<int>& ranks) {
+  std::string text;
+  for (int r : ranks) text += (text.empty() ? "" : ",") + std::to_string(r);
+  store_->set("members", bytesOf(text));
+}
+
+std::vector<agent::PeerInfo> Rendezvous::members() {
+  std::vector<agent::PeerInfo> out;
+  for (int r : listedRanks()) out.push_back(decode(store_->get("worker/" + std::to_string(r)), r));
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.rank < b.rank; });
+  return out;
+}
+
+void Rendezvous::list(const agent::PeerInfo& me) {
+  store_->set("worker/" + std::to_string(me.rank), bytesOf(encodePeer(me)));
+  auto ranks = listedRanks();
+  if (std::find(ranks.begin(), ranks.end(), me.rank) == ranks.end()) ranks.push_back(me.rank);
+  setListedRanks(ranks);
+}
+
+size_t Rendezvous::unlist(int rank) {
+  auto ranks = listedRanks();
+  ranks.erase(std::remove(ranks.begin(), ranks.end(), rank), ranks.end());
+  setListedRanks(ranks);
+  return ranks.size();
+}
+
 std::vector<agent::PeerInfo> Rendezvous::exchange(const agent::PeerInfo& me) {
-  store_->set("worker/" + std::to_string(rank_), bytesOf(encode(me)));
+  store_->set("worker/" + std::to_string(rank_), bytesOf(encodePeer(me)));
   auto keys = keysFor("worker/", worldSize_);
   store_->wait(keys);
   auto values = store_->multiGet(keys);
@@ -77,6 +167,13 @@ std::string Rendezvous::sharedSecret(std::string given) {
     TORCH_CHECK(given.size() >= kMinSecretBytes, "the job's secret (RpcOptions(secret=...) or TORCHRPC_SECRET) needs at least ",
                 kMinSecretBytes, " bytes; got ", given.size());
     return given;
+  }
+  // A dynamic job's first worker makes the job's secret (the others find it).
+  if (dynamic()) {
+    auto value = store_->compareSet("secret", {}, bytesOf(auth::randomBytes(kSecretBytes)));
+    TORCH_CHECK(value.size() == kSecretBytes, "malformed job secret in the rendezvous store (", value.size(),
+                " bytes): is another program (or another torchrpc version) using this store?");
+    return std::string(value.begin(), value.end());
   }
   // Rank 0 makes the job's secret; the others wait for it (up to the store's timeout).
   if (rank_ == 0) {

@@ -11,6 +11,13 @@
 // The generation, from a counter all workers of a job bump once, keeps a
 // reused store (the same file://, an explicit store passed twice) apart
 // across init/shutdown cycles. Barriers ("shutdown") live there too.
+//
+// A dynamic job (no world size: workers join and leave while it runs, see
+// worker/membership.h) keeps its keys under "torchrpc/dynamic/": "token"
+// (who is joining or leaving now: one at a time), "members" (the ranks of
+// the workers in the job, comma-separated), "worker/<rank>" and "secret" as
+// above. "torchrpc/kind" says which kind of job holds the store: the two
+// cannot share one.
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -24,8 +31,16 @@
 
 namespace torchrpc::rendezvous {
 
+// A worker's record: name, rank, addresses, host id (for the store and the
+// MEMBER_JOIN message). decodePeer throws c10::Error on a malformed one,
+// naming `where` it came from; it reads at most kMaxRecordBytes.
+std::string encodePeer(const agent::PeerInfo& peer);
+agent::PeerInfo decodePeer(const std::string& record, const std::string& where);
+constexpr size_t kMaxRecordBytes = 4096;
+
 class Rendezvous {
  public:
+  // `worldSize` <= 0: a dynamic job.
   Rendezvous(c10::intrusive_ptr<c10d::Store> store, int rank, int worldSize);
 
   static constexpr size_t kSecretBytes = 32;
@@ -47,13 +62,37 @@ class Rendezvous {
   // still missing.
   std::set<int> barrier(const std::string& tag, double timeoutSeconds, const std::function<bool(int)>& gone = {});
 
+  // Claims the store for this kind of job (static or dynamic); throws
+  // c10::Error (RuntimeError) if the other kind holds it. releaseKind() gives
+  // it back: rank 0 after a static job's graceful shutdown, the last worker of
+  // a dynamic job as it leaves.
+  void claimKind();
+  void releaseKind();
+
+  // ---- dynamic jobs, see worker/membership.h ----
+  // Takes the job's membership token as `holder` (one worker joins or leaves
+  // at a time), waiting up to the store's timeout; throws naming the holder.
+  void lockMembership(const std::string& holder);
+  void unlockMembership();
+  // The records of the workers in the job now, by rank.
+  std::vector<agent::PeerInfo> members();
+  // Publishes this worker's record and lists it among the members.
+  void list(const agent::PeerInfo& me);
+  // Takes `rank` off the list of members; returns how many remain.
+  size_t unlist(int rank);
+  bool dynamic() const { return worldSize_ <= 0; }
+
  private:
+  std::vector<int> listedRanks();
+  void setListedRanks(const std::vector<int>& ranks);
+
   // Polls until every rank set `prefix`<rank> or is marked gone under `tag`
   // (those are added to *goneRanks).
   void waitForAll(const std::string& tag, const std::string& prefix, std::chrono::steady_clock::time_point deadline,
                   const std::function<bool(int)>& gone, std::set<int>* goneRanks);
 
-  c10::intrusive_ptr<c10d::Store> store_;  // prefixed with the generation
+  c10::intrusive_ptr<c10d::Store> root_;   // the store as given
+  c10::intrusive_ptr<c10d::Store> store_;  // prefixed with the generation (or "dynamic")
   int rank_;
   int worldSize_;
 };

@@ -55,6 +55,10 @@ void PeerWatch::graceEnded(int rank) {
     return;
   }
   rrefs_->releasePeer(rank);
+  if (agent_->members().dynamic()) {
+    // A dynamic job's worker that died never leaves: drop it here, so calls to it say so.
+    agent_->removePeer(rank, "stopped without leaving the job (its connection was lost and it cannot be reached)");
+  }
   if (size_t contexts = autograd::Container::get().releasePeer(rank)) {
     TORCHRPC_WARN(agent_->options().name, rrefs_->workerLabel(rank) << " was lost without shutting down: released "
                                                                     << contexts << " distributed autograd context(s)");

@@ -12,7 +12,8 @@
 //   lost --(grace period: AgentOptions::peerGraceSeconds)--> probe
 //     unreachable: gone; the RRef forks it held here and the awaited RRef
 //                  entries and autograd contexts its requests made are
-//                  released (RRefContext::releasePeer, Container::releasePeer)
+//                  released (RRefContext::releasePeer, Container::releasePeer);
+//                  a dynamic job's worker leaves the agent's table too
 //     reachable:   forgotten (it lives, or came back)
 //
 // Graceful shutdown asks gone() without waiting for the grace: a dead worker

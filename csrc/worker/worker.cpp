@@ -46,22 +46,34 @@ Worker::Worker(agent::AgentOptions options, c10::intrusive_ptr<c10d::Store> stor
   const int rank = options.rank;
   const int worldSize = options.worldSize;
   rendezvous_ = std::make_unique<rendezvous::Rendezvous>(std::move(store), rank, worldSize);
+  if (!rendezvous_->dynamic()) rendezvous_->claimKind();  // a dynamic job's worker claims it as it joins
   options.secret = rendezvous_->sharedSecret(options.secret);
   agent_ = std::make_shared<agent::Agent>(options);
   try {
     auto [tcp, unixAddr] = agent_->listen();
-    peers_ = rendezvous_->exchange(agent::PeerInfo{options.name, rank, tcp, unixAddr, options.hostId});
-    agent_->setPeers(peers_);
+    agent::PeerInfo me{options.name, rank, tcp, unixAddr, options.hostId};
+    if (rendezvous_->dynamic()) {
+      membership_ = std::make_unique<Membership>(agent_, *rendezvous_);
+      agent_->setPeers(membership_->enter(me));
+    } else {
+      agent_->setPeers(rendezvous_->exchange(me));
+    }
     rrefs_ = rref::RRefContext::create(agent_);
     peerWatch_ = PeerWatch::create(agent_, rrefs_);
     autograd::install(*agent_);
+    if (membership_) membership_->install();
     if (beforeServing) beforeServing(*agent_, *rrefs_);
     agent_->startServing();
     agent::Agent::setCurrent(agent_);
+    if (membership_) {
+      const double rpcTimeout = agent_->options().defaultTimeoutSeconds;
+      membership_->announce(rpcTimeout > 0 ? rpcTimeout : 60.0);  // every wait is bounded
+    }
   } catch (...) {
     if (peerWatch_) peerWatch_->stop();
     agent_->shutdown();
     if (rrefs_) rrefs_->stop();
+    membership_.reset();  // gives the token back
     throw;
   }
 }
@@ -95,28 +107,14 @@ std::exception_ptr Worker::leaveGracefully(double timeoutSeconds,
     dead = rendezvous_->barrier("shutdown", timeoutSeconds, gone);
     // No grace at shutdown: the RRef forks a dead worker held are released now.
     for (int rank : dead) rrefs_->releasePeer(rank);
-    // Everyone is done calling: release this worker's user RRefs and wait for
-    // the owners' acks, twice (a user may be confirmed during the first pass).
-    const auto deadline = started + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                        std::chrono::duration<double>(timeoutSeconds));
-    auto leftSeconds = [&] {
-      return std::max(0.0, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count());
-    };
-    for (int pass = 0; pass < 2 && !failure; ++pass) {
-      rrefs_->releaseAllUsers();
-      size_t messages = rrefs_->waitIdle(leftSeconds());
-      size_t calls = agent_->waitPending(leftSeconds());
-      if (messages || calls) {
-        failure = common::makeRpcError(common::ErrorKind::kTimeout, "shutdown on " + me + ": " + std::to_string(messages) +
-                                                        " RRef protocol message(s) and " + std::to_string(calls) +
-                                                        " call(s) still unanswered after " + limit);
-      }
-    }
+    // Everyone is done calling: release this worker's user RRefs.
+    failure = releaseRRefs(started + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                         std::chrono::duration<double>(timeoutSeconds)),
+                           limit);
     auto late = rendezvous_->barrier("rref-shutdown", timeoutSeconds, gone);
     dead.insert(late.begin(), late.end());
-    for (auto& entry : rrefs_->snapshot().owners) {
-      if (!std::get<1>(entry).empty()) leaked->push_back(std::move(entry));
-    }
+    leakedOwners(leaked);
+    if (agent_->options().rank == 0) rendezvous_->releaseKind();  // everyone left the store
   } catch (...) {
     // The meeting of all workers failed: a timeout, or the store gone (its
     // host exited) well before it.
@@ -126,7 +124,7 @@ std::exception_ptr Worker::leaveGracefully(double timeoutSeconds,
       return common::makeRpcError(
           common::ErrorKind::kPeerUnreachable,
           "shutdown on " + me + ": the rendezvous store stopped answering after " + std::to_string(waited) + " s (" +
-              why + "). With tcp:// and env:// rank 0 (" + peers_.at(0).name +
+              why + "). With tcp:// and env:// rank 0 (" + rrefs_->workerLabel(0) +
               ") hosts it, and it has probably exited without shutdown(); the other workers cannot meet. Shut "
               "them down with shutdown(graceful=False).");
     }
@@ -143,7 +141,7 @@ std::exception_ptr Worker::deadPeersFailure(const std::set<int>& dead) const {
   std::string names;
   for (int rank : dead) {
     auto reason = reasons.find(rank);
-    names += (names.empty() ? "" : ", ") + peers_.at(rank).name + " (rank " + std::to_string(rank) + ": " +
+    names += (names.empty() ? "" : ", ") + rrefs_->workerLabel(rank) + " (rank " + std::to_string(rank) + ": " +
              (reason != reasons.end() ? reason->second : "found dead by another worker") + ")";
   }
   return common::makeRpcError(
@@ -153,11 +151,61 @@ std::exception_ptr Worker::deadPeersFailure(const std::set<int>& dead) const {
           "their RRefs and stopped. RRefs it owned are lost; check its log for why it exited.");
 }
 
+std::exception_ptr Worker::releaseRRefs(std::chrono::steady_clock::time_point deadline, const std::string& limit) {
+  auto leftSeconds = [&] {
+    return std::max(0.0, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count());
+  };
+  for (int pass = 0; pass < 2; ++pass) {
+    rrefs_->releaseAllUsers();
+    size_t messages = rrefs_->waitIdle(leftSeconds());
+    size_t calls = agent_->waitPending(leftSeconds());
+    if (messages || calls) {
+      return common::makeRpcError(common::ErrorKind::kTimeout,
+                                  "shutdown on " + agent_->options().name + ": " + std::to_string(messages) +
+                                      " RRef protocol message(s) and " + std::to_string(calls) +
+                                      " call(s) still unanswered after " + limit);
+    }
+  }
+  return nullptr;
+}
+
+void Worker::leakedOwners(std::vector<rref::OwnerTable::EntryInfo>* leaked) const {
+  for (auto& entry : rrefs_->snapshot().owners) {
+    if (!std::get<1>(entry).empty()) leaked->push_back(std::move(entry));
+  }
+}
+
+std::exception_ptr Worker::leaveDynamic(double timeoutSeconds, std::vector<rref::OwnerTable::EntryInfo>* leaked) {
+  const std::string& me = agent_->options().name;
+  const std::string limit = std::to_string(timeoutSeconds) + " s";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                                std::chrono::duration<double>(timeoutSeconds));
+  if (size_t left = agent_->waitPending(timeoutSeconds)) {
+    return common::makeRpcError(common::ErrorKind::kTimeout, "shutdown on " + me + ": " + std::to_string(left) +
+                                                                 " call(s) still pending after " + limit);
+  }
+  std::exception_ptr failure = releaseRRefs(deadline, limit);
+  leakedOwners(leaked);
+  try {
+    auto told = membership_->leave(std::max(0.1, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count()));
+    return failure ? failure : told;
+  } catch (...) {
+    return common::makeRpcError(common::ErrorKind::kPeerUnreachable,
+                                "shutdown on " + me + ": cannot leave the job through the rendezvous store (" +
+                                    common::errorParts(std::current_exception()).message +
+                                    "). With tcp:// and env:// the store lives in the process of rank 0: if it "
+                                    "exited, the job's other workers can only stop with shutdown(graceful=False).");
+  }
+}
+
 Worker::StopReport Worker::stop(bool graceful, double timeoutSeconds) {
   TORCH_CHECK(!stopped_, "this worker was stopped already");
   stopped_ = true;
   StopReport report;
-  if (graceful) report.failure = leaveGracefully(timeoutSeconds, &report.leaked);
+  if (graceful) {
+    report.failure = membership_ ? leaveDynamic(timeoutSeconds, &report.leaked)
+                                 : leaveGracefully(timeoutSeconds, &report.leaked);
+  }
   peerWatch_->stop();
   agent_->shutdown();
   rrefs_->stop();

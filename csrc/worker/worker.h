@@ -13,7 +13,8 @@
 //   w.shutdown();  // waits for every worker, like shutdown(graceful=True)
 //
 // Init: listen; exchange addresses through the store (waiting for the whole
-// job); create the RRef context; install distributed autograd; run the
+// job; a dynamic job's worker joins the members there are instead, see
+// worker/membership.h); create the RRef context; install distributed autograd; run the
 // front end's hook (Python installs its handlers there; no call is handled
 // before it returns); serve; become Agent::current() and
 // RRefContext::current() for the ops.
@@ -23,10 +24,12 @@
 // RRefs and wait for the owners' acks (twice: a user may be confirmed during
 // the first pass); meet again ("rref-shutdown"); stop. A peer known dead
 // (PeerWatch::gone) is not waited for at either meeting; the shutdown then
-// finishes and reports it (PeerUnreachableError naming it).
+// finishes and reports it (PeerUnreachableError naming it). A dynamic job's
+// worker settles its own calls and RRefs, then leaves alone (membership.h).
 
 #include <c10/util/intrusive_ptr.h>
 
+#include <chrono>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -37,6 +40,7 @@
 #include "agent/agent.h"
 #include "rendezvous/rendezvous.h"
 #include "rref/rref_context.h"
+#include "worker/membership.h"
 #include "worker/peer_watch.h"
 
 namespace torchrpc::worker {
@@ -57,8 +61,8 @@ class Worker {
   agent::Agent& agent() { return *agent_; }
   const std::shared_ptr<agent::Agent>& agentPtr() const { return agent_; }
   const std::shared_ptr<rref::RRefContext>& rrefs() const { return rrefs_; }
-  // Every worker of the job, by rank.
-  const std::vector<agent::PeerInfo>& peers() const { return peers_; }
+  // Every worker of the job now, by rank (a dynamic job's change).
+  std::vector<agent::PeerInfo> peers() const { return agent_->members().list(); }
 
   struct StopReport {
     std::exception_ptr failure;  // an RpcError: why the graceful part did not finish
@@ -76,6 +80,13 @@ class Worker {
 
  private:
   std::exception_ptr leaveGracefully(double timeoutSeconds, std::vector<rref::OwnerTable::EntryInfo>* leaked);
+  // A dynamic job's: this worker's calls and RRefs settled, then it leaves
+  // alone (worker/membership.h), without meeting the others.
+  std::exception_ptr leaveDynamic(double timeoutSeconds, std::vector<rref::OwnerTable::EntryInfo>* leaked);
+  // Releases this worker's user RRefs and waits for the owners' acks, twice
+  // (a user may be confirmed during the first pass); a timeout error or null.
+  std::exception_ptr releaseRRefs(std::chrono::steady_clock::time_point deadline, const std::string& limit);
+  void leakedOwners(std::vector<rref::OwnerTable::EntryInfo>* leaked) const;
   // PeerUnreachableError naming the peers found dead at shutdown's
   // meetings (`dead`), or null.
   std::exception_ptr deadPeersFailure(const std::set<int>& dead) const;
@@ -84,7 +95,7 @@ class Worker {
   std::shared_ptr<rref::RRefContext> rrefs_;
   std::shared_ptr<PeerWatch> peerWatch_;
   std::unique_ptr<rendezvous::Rendezvous> rendezvous_;
-  std::vector<agent::PeerInfo> peers_;
+  std::unique_ptr<Membership> membership_;  // a dynamic job's
   bool stopped_{false};
 };
 

@@ -509,3 +509,8 @@ def call_missing_function(caller):
         return rpc.rpc_sync(caller, only_on_the_caller)
     finally:
         del only_on_the_caller
+
+
+def worker_names():
+    """The names of the workers this worker knows now (a dynamic job's change)."""
+    return [w.name for w in rpc.api._get_current_rpc_agent().get_worker_infos()]

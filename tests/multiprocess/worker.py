@@ -27,7 +27,7 @@ def _die_with_parent():
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--world-size", type=int, required=True, help="0: join a dynamic job (no world_size)")
     parser.add_argument("--init-method", required=True)
     parser.add_argument("--name", required=True)
     parser.add_argument("--threads", type=int, default=4)
@@ -59,7 +59,7 @@ def main():
     if args.init_method == "env://" and not args.store:
         rank, world_size = -1, None  # from RANK and WORLD_SIZE, as under torchrun
     else:
-        rank, world_size = args.rank, args.world_size
+        rank, world_size = args.rank, args.world_size or None
     try:
         rpc.init_rpc(args.name, rank=rank, world_size=world_size,
                      rpc_backend_options=rpc.RpcOptions(**options))
