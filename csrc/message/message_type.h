@@ -42,6 +42,10 @@ enum class MessageType : uint16_t {
   kAutogradBackward = 52, // gradients for a send function, from the worker that received its tensors
   kAutogradCleanup = 53,  // a context is released: drop it and tell the workers it called
   kAutogradPassDone = 54, // to the worker that called backward(): a pass is done, these it started
+
+  // Profiling (70-79): see csrc/profiling/.
+  kProfiledCall = 70,  // a request sent while the caller profiles: envelope + request
+  kProfiledRet = 71,   // the response to one: the callee's profiler events + response
 };
 
 inline bool isRequest(MessageType t) {
@@ -49,12 +53,14 @@ inline bool isRequest(MessageType t) {
          t == MessageType::kPythonCall ||
          (t >= MessageType::kRemoteCall && t <= MessageType::kRRefMethodCall) ||
          t == MessageType::kAutogradCall || t == MessageType::kAutogradBackward ||
-         t == MessageType::kAutogradCleanup || t == MessageType::kAutogradPassDone;
+         t == MessageType::kAutogradCleanup || t == MessageType::kAutogradPassDone ||
+         t == MessageType::kProfiledCall;
 }
 
 inline bool isResponse(MessageType t) {
   return t == MessageType::kScriptRet || t == MessageType::kPythonRet ||
-         t == MessageType::kException || t == MessageType::kAutogradRet;
+         t == MessageType::kException || t == MessageType::kAutogradRet ||
+         t == MessageType::kProfiledRet;
 }
 
 const char* messageTypeName(MessageType t);

@@ -160,6 +160,9 @@ class UserRRef final : public RRef {
   std::optional<std::chrono::steady_clock::time_point> creationDeadline() const {
     return creationDeadline_;
   }
+  // remote()'s call: completes once the owner answered it (or it failed).
+  void setCreation(c10::intrusive_ptr<c10::ivalue::Future> call) { creation_ = std::move(call); }
+  const c10::intrusive_ptr<c10::ivalue::Future>& creation() const { return creation_; }
 
  private:
   const ForkId forkId_;
@@ -168,6 +171,7 @@ class UserRRef final : public RRef {
   mutable std::mutex mutex_;
   std::optional<std::pair<int, std::string>> creationError_;
   std::optional<std::chrono::steady_clock::time_point> creationDeadline_;  // set before sharing
+  c10::intrusive_ptr<c10::ivalue::Future> creation_;  // set by remote() before returning it
 };
 
 }  // namespace torchrpc::rref

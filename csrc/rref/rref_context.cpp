@@ -133,6 +133,7 @@ std::shared_ptr<RRef> RRefContext::remote(int dst, message::Message&& call, doub
     user->markDeleted();  // the owner never heard of it: nothing to delete
     std::rethrow_exception(refused);
   }
+  user->setCreation(sent);
   return user;
 }
 
