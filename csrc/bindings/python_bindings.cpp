@@ -360,8 +360,8 @@ PYBIND11_MODULE(_C, m) {
       // remote()'s call, as a torch.futures.Future (None for an RRef not made by remote() here).
       .def("creation_future",
            [](const rref::RRef& r) -> py::object {
-             if (r.isOwner() || !static_cast<const rref::UserRRef&>(r).creation()) return py::none();
-             return torch::jit::toPyObject(c10::IValue(static_cast<const rref::UserRRef&>(r).creation()));
+             if (!r.creation()) return py::none();
+             return torch::jit::toPyObject(c10::IValue(r.creation()));
            })
       // Owner only: (True, value) once the value exists, or (False, error tuple).
       .def("local_value",

@@ -213,15 +213,24 @@ struct Profiler::Call {
   std::unique_ptr<at::RecordFunction> range;      // started at send
 };
 
-void Profiler::outgoingRequest(message::Message& request, const agent::Outgoing& out) {
-  if (!legacyProfilerOn()) return;  // the whole cost of profiling when it is off
-  const char* mode = modeOf(out.callKind);
-  if (mode == nullptr) return;
+// A profiled call's range, started now on this thread; null for call kinds
+// that are not profiled.
+std::shared_ptr<Profiler::Call> Profiler::start(const agent::Agent& agent, const std::string& callKind,
+                                                const std::string& function, int dst) {
+  const char* mode = modeOf(callKind);
+  if (mode == nullptr) return nullptr;
   auto call = std::make_shared<Call>();
-  call->key = std::string("rpc_") + mode + "#" + profiledName(out.function) + "(" + agent_.options().name + " -> " +
-              agent_.peer(out.dst).name + ")";
+  call->key = std::string("rpc_") + mode + "#" + profiledName(function) + "(" + agent.options().name + " -> " +
+              agent.peer(dst).name + ")";
   call->range = std::make_unique<at::RecordFunction>(at::RecordScope::USER_SCOPE);
   call->range->before(call->key);
+  return call;
+}
+
+void Profiler::outgoingRequest(message::Message& request, const agent::Outgoing& out) {
+  if (!legacyProfilerOn()) return;  // the whole cost of profiling when it is off
+  auto call = start(agent_, out.callKind, out.function, out.dst);
+  if (!call) return;
   CallEnvelope env{static_cast<uint16_t>(request.type), settingsOf(impl::getProfilerConfig()), 0};
   request.payload.insert(0, reinterpret_cast<const char*>(&env), sizeof(env));
   request.type = MessageType::kProfiledCall;
@@ -303,6 +312,22 @@ std::shared_ptr<agent::CallScope> Profiler::incomingRequest(message::Message& re
   request.type = static_cast<MessageType>(env.innerType);
   TORCH_CHECK(request.type != MessageType::kProfiledCall, "a PROFILED_CALL inside a PROFILED_CALL");
   return std::make_shared<Scope>(configOf(env.settings), /*returnEvents=*/true, agent_.options().name);
+}
+
+bool profiled() { return legacyProfilerOn(); }
+
+c10::intrusive_ptr<c10::ivalue::Future> localCall(const agent::Agent& agent, const std::string& callKind,
+                                                  const std::string& function,
+                                                  const c10::intrusive_ptr<c10::ivalue::Future>& done) {
+  if (!legacyProfilerOn()) return nullptr;
+  auto call = Profiler::start(agent, callKind, function, agent.options().rank);
+  if (!call) return nullptr;
+  auto recorded = c10::make_intrusive<c10::ivalue::Future>(c10::NoneType::get());
+  done->addCallback([call, recorded](c10::ivalue::Future&) {
+    Profiler::finish(*call, {});
+    recorded->markCompleted(c10::IValue());
+  });
+  return recorded;
 }
 
 void install(agent::Agent& agent) {

@@ -38,6 +38,16 @@ namespace torchrpc::profiling {
 // the events it records. Before agent.startServing().
 void install(agent::Agent& agent);
 
+// Whether this thread's calls are profiled now (a legacy profiler runs on it).
+bool profiled();
+
+// A call that never leaves this worker (remote() to oneself): when profiled,
+// records its range until `done` completes and returns a future that
+// completes once the range ended; else null.
+c10::intrusive_ptr<c10::ivalue::Future> localCall(const agent::Agent& agent, const std::string& callKind,
+                                                  const std::string& function,
+                                                  const c10::intrusive_ptr<c10::ivalue::Future>& done);
+
 // The process-global profiler: while at least one is on, every request this
 // worker serves runs under a legacy profiler with that config, and each
 // request's events are appended to every global profiler on. Nested: stop()
@@ -53,12 +63,15 @@ class Profiler : public agent::Interceptor, public std::enable_shared_from_this<
   void incomingResponse(message::Message& response, int src) override;
   std::shared_ptr<agent::CallScope> incomingRequest(message::Message& request, int src) override;
 
- private:
   struct Call;  // a profiled call in flight (profiler.cpp)
-
-  std::shared_ptr<Call> take(uint64_t id);
+  // Starts a call's range on this thread; null for kinds not profiled.
+  static std::shared_ptr<Call> start(const agent::Agent& agent, const std::string& callKind,
+                                     const std::string& function, int dst);
   // Ends the call's range; first adds `events` (the callee's) to its profile.
   static void finish(Call& call, std::vector<torch::autograd::profiler::LegacyEvent>&& events);
+
+ private:
+  std::shared_ptr<Call> take(uint64_t id);
 
   const agent::Agent& agent_;  // owns this interceptor
   std::mutex mutex_;

@@ -131,3 +131,14 @@ def test_server_process_global_profiler():
     outer_events = [n for request in rpc.rpc_sync("worker1", F.global_profile_events, args=(outer,)) for n in request]
     assert "aten::sub" in inner_events and "aten::add" not in inner_events
     assert "aten::sub" in outer_events and "aten::add" in outer_events
+
+
+def test_a_remote_to_oneself():
+    with profile() as prof:
+        rref = rpc.remote("worker0", torch.mul, args=(torch.ones(2), 3))
+        rref.to_here()
+        rref._get_profiling_future().wait()
+    call = one(prof.function_events, "rpc_remote#aten::mul(worker0 -> worker0)")
+    assert call.node_id == 0
+    # the creation ran on a torchrpc thread, recorded in this profile
+    assert [e for e in prof.function_events if e.name == "aten::mul" and e.thread != call.thread]
