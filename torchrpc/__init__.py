@@ -34,6 +34,8 @@ from torchrpc.errors import (
 )
 from torchrpc.options import BackendType, RpcBackendOptions, RpcOptions
 from torchrpc.rref import RRef
+from torchrpc import nn  # noqa: E402 (after the API it builds on)
+from torchrpc.profiler import _server_process_global_profile
 
 #: torch.distributed.rpc's names for the options, so that its programs run
 #: unchanged (device maps must stay empty: torchrpc sends CPU tensors only).
@@ -63,6 +65,7 @@ __all__ = [
     "get_worker_info",
     "init_rpc",
     "is_available",
+    "nn",
     "optim",
     "register",
     "remote",

@@ -92,6 +92,10 @@ def classify(call_kind, func):
         return _Builtin(builtin)
     if not callable(func):
         raise TypeError(f"{call_kind}(func=...) expects a callable; got {type(func).__name__}")
+    if getattr(func, "__module__", None) == "torch.distributed.nn.api.remote_module":
+        raise TypeError(f"{call_kind}(func={getattr(func, '__qualname__', func)!r}): torch.distributed.nn's "
+                        "RemoteModule works only with torch.distributed.rpc; with torchrpc use "
+                        "torchrpc.nn.RemoteModule (same arguments)")
     return _Python(func)
 
 
@@ -194,6 +198,9 @@ class _Python(_Callee):
             )
         payload, tensors, name, forks = python_fallback.encode_call(
             self.target, dst.id, args, kwargs, force_full=again or remote, request=not remote)
+        if torch.autograd._profiler_enabled():
+            # The profiler names the call's range after it, as upstream: by __qualname__.
+            name = getattr(self.target, "__qualname__", name)
         return native().python_message(payload, tensors), name, forks
 
 

@@ -10,6 +10,8 @@ taken out and sent as raw bytes beside it. An object that travels by
 reference (an RRef) has ``_torchrpc_reference(request_to)``, which returns
 ``(rebuild, fork)``: the pickle carries the fork and names ``rebuild``, which
 makes the object again on the receiver, so this module never imports RRef.
+Types that pickle differently through RPC than elsewhere (RemoteModule)
+register a reducer with :func:`register_reducer`.
 
 Callee side (:func:`handle_call`, run by the native bridge under the GIL):
 unpickle, run, pickle the result, or report the exception with its type,
@@ -21,6 +23,8 @@ IValues (RREF_METHOD_CALL), the owner runs it with :func:`handle_method`, and
 a plain result comes back as an IValue.
 """
 
+import collections
+import copyreg
 import hashlib
 import importlib
 import io
@@ -53,6 +57,17 @@ def script_reference(fn):
     return qualified, module.rpartition(".")[0]
 
 
+# type -> reducer, for the objects that pickle only through RPC (register_reducer).
+_reducers = {}
+
+
+def register_reducer(cls, reducer):
+    """Pickles instances of exactly `cls` as ``reducer(obj)`` (a
+    ``__reduce__`` value) when they travel through RPC; elsewhere their own
+    pickling applies (RemoteModule refuses it)."""
+    _reducers[cls] = reducer
+
+
 # Types that never travel out of band. The pickler asks persistent_id about
 # every object it meets (some 20 per proxy call); these answer at once.
 _PLAIN_TYPES = frozenset({str, bytes, int, float, bool, type(None), tuple, list, dict})
@@ -64,6 +79,8 @@ class _Pickler(pickle.Pickler):
         self._tensors = tensors
         self._request_to = request_to
         self._forks = []
+
+    dispatch_table = collections.ChainMap(_reducers, copyreg.dispatch_table)
 
     def persistent_id(self, obj):
         kind = type(obj)
@@ -102,6 +119,7 @@ class _CloudPickler(cloudpickle.CloudPickler):
         self._request_to = request_to
         self._forks = []
 
+    dispatch_table = collections.ChainMap(_reducers, cloudpickle.CloudPickler.dispatch_table)
     persistent_id = _Pickler.persistent_id
 
 

@@ -127,6 +127,16 @@ class RRef:
         """
         return self._handle.confirmed()
 
+    def _get_profiling_future(self):
+        """A future that completes once remote()'s call is answered, and with
+        it recorded in the caller's profiler (upstream's name); completed at
+        once for an RRef that no remote() of this worker is creating."""
+        future = self._handle.creation_future()
+        if future is None:
+            future = torch.futures.Future()
+            future.set_result(None)
+        return future
+
     # ---- values -------------------------------------------------------------
 
     def local_value(self):

@@ -26,6 +26,25 @@ std::chrono::steady_clock::time_point deadlineAfter(double seconds) {
              std::chrono::duration<double>(seconds));
 }
 
+// Two interceptors' scopes of one request: `outer`'s envelope held `inner`'s.
+// The handler runs under both; the response is wrapped inner first.
+class NestedScope : public CallScope {
+ public:
+  NestedScope(std::shared_ptr<CallScope> outer, std::shared_ptr<CallScope> inner)
+      : outer_(std::move(outer)), inner_(std::move(inner)) {}
+  void run(const std::function<void()>& fn) override {
+    outer_->run([&] { inner_->run(fn); });
+  }
+  void outgoingResponse(message::Message& response) override {
+    inner_->outgoingResponse(response);
+    outer_->outgoingResponse(response);
+  }
+
+ private:
+  const std::shared_ptr<CallScope> outer_;
+  const std::shared_ptr<CallScope> inner_;
+};
+
 // A PYTHON_RET payload as a uint8 tensor that owns the bytes (no copy).
 at::Tensor bytesTensor(std::string&& bytes) {
   auto* owned = new std::string(std::move(bytes));
@@ -132,12 +151,11 @@ Agent::FuturePtr Agent::send(int dst, message::Message&& request, double timeout
     if (!departed.empty()) return fail(common::ErrorKind::kPeerUnreachable, departed);
     return fail(common::ErrorKind::kInvalidArgument, "no worker with rank " + std::to_string(dst));
   }
-  if (interceptor_) {
-    try {
-      interceptor_->outgoingRequest(request, dst);
-    } catch (...) {
-      return fail(common::ErrorKind::kInvalidArgument, common::errorParts(std::current_exception()).message);
-    }
+  try {
+    const Outgoing outgoing{dst, callKind, function, future};
+    for (auto& interceptor : interceptors_) interceptor->outgoingRequest(request, outgoing);
+  } catch (...) {
+    return fail(common::ErrorKind::kInvalidArgument, common::errorParts(std::current_exception()).message);
   }
   Pending::Call call{future, dst, 0, description, timeoutSeconds, std::chrono::steady_clock::now(),
                      deadlineAfter(timeoutSeconds)};
@@ -193,7 +211,7 @@ void Agent::onResponse(message::Message&& m, int src, uint64_t connectionId) {
     return;
   }
   try {
-    if (interceptor_) interceptor_->incomingResponse(m, src);
+    for (auto it = interceptors_.rbegin(); it != interceptors_.rend(); ++it) (*it)->incomingResponse(m, src);
     switch (m.type) {
       case message::MessageType::kScriptRet:
         call->future->markCompleted(message::messageIValue(m));
@@ -233,13 +251,15 @@ void Agent::onResponse(message::Message&& m, int src, uint64_t connectionId) {
 
 void Agent::dispatch(message::Message&& request, int callerRank, message::Reply reply) {
   std::shared_ptr<CallScope> scope;
-  if (interceptor_) {
-    try {
-      scope = interceptor_->incomingRequest(request, callerRank);
-    } catch (...) {
-      reply.error(message::describeException(std::current_exception(), message::messageTypeName(request.type), options_.name));
-      return;
+  try {
+    // Outermost envelope first; each scope nests inside the one before.
+    for (auto it = interceptors_.rbegin(); it != interceptors_.rend(); ++it) {
+      auto inner = (*it)->incomingRequest(request, callerRank);
+      scope = !inner ? scope : !scope ? inner : std::make_shared<NestedScope>(scope, inner);
     }
+  } catch (...) {
+    reply.error(message::describeException(std::current_exception(), message::messageTypeName(request.type), options_.name));
+    return;
   }
   if (!scope) {
     serve(std::move(request), callerRank, std::move(reply));
@@ -379,7 +399,7 @@ void Agent::shutdown() {
   }
   loop_->stop();
   pending_.stop();
-  if (interceptor_) interceptor_->stop();
+  for (auto& interceptor : interceptors_) interceptor->stop();
   for (auto& link : members_.links()) {
     std::lock_guard<std::mutex> lock(link->mutex);
     link->conn.reset();

@@ -91,9 +91,10 @@ class Agent : public std::enable_shared_from_this<Agent> {
   // (default: the message type).
   void setHandler(message::MessageType type, Handler handler, std::string what = "");
   void setFastPath(message::MessageType type, FastPath fastPath);
-  // Sees every request and response on its way (distributed autograd). Set it
-  // before startServing(); at most one.
-  void setInterceptor(std::shared_ptr<Interceptor> interceptor) { interceptor_ = std::move(interceptor); }
+  // Sees every request and response on its way (distributed autograd,
+  // profiling). Add them before startServing(); the last added wraps
+  // outermost (interceptor.h).
+  void addInterceptor(std::shared_ptr<Interceptor> interceptor) { interceptors_.push_back(std::move(interceptor)); }
   // Runs on the loop thread when a connection to a peer of the job closes
   // without the peer's GOODBYE (it crashed, was killed, or the network
   // failed), unless this worker is shutting down. It must not block. Add
@@ -165,7 +166,7 @@ class Agent : public std::enable_shared_from_this<Agent> {
   void onAuthenticatedFromLoop(const std::shared_ptr<transport::Connection>& conn, int rank);
   std::unique_ptr<auth::Handshake> handshake(auth::Handshake::Role role, int dst) const;
   void onResponse(message::Message&& m, int src, uint64_t connectionId);
-  // Applies the interceptor, then serve().
+  // Applies the interceptors, then serve().
   void dispatch(message::Message&& request, int callerRank, message::Reply reply);
   void respondOn(const std::shared_ptr<transport::Connection>& conn, message::Message&& response,
                  const transport::Ticket& ticket);
@@ -175,7 +176,7 @@ class Agent : public std::enable_shared_from_this<Agent> {
   Members members_;
   std::unordered_map<uint16_t, std::pair<Handler, std::string>> handlers_;  // handler, what
   std::unordered_map<uint16_t, FastPath> fastPaths_;
-  std::shared_ptr<Interceptor> interceptor_;
+  std::vector<std::shared_ptr<Interceptor>> interceptors_;  // innermost first
   std::vector<PeerLost> peerLost_;
   script_dispatch::Registry registry_;
   const std::chrono::steady_clock::time_point started_;

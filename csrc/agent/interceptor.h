@@ -1,13 +1,17 @@
 #pragma once
 
 // Interceptor: the agent's one extension point for concepts that travel with
-// calls without being calls themselves (distributed autograd). The agent calls
-// it at the four places a call message passes; it may rewrite the message in
-// place (wrap it in an envelope, or unwrap one). The agent does not know what
-// an envelope means, only that an interceptor is installed.
+// calls without being calls themselves (distributed autograd, profiling). The
+// agent calls each at the four places a call message passes; it may rewrite
+// the message in place (wrap it in an envelope, or unwrap one). The agent does
+// not know what an envelope means. Several nest: the one added last wraps
+// outermost on the way out and unwraps first on the way in.
+
+#include <ATen/core/ivalue.h>
 
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "message/message.h"
 
@@ -44,11 +48,20 @@ class CallScope {
   static inline thread_local std::shared_ptr<CallScope> current_;
 };
 
+// What the caller's agent knows of a request it is sending.
+struct Outgoing {
+  int dst;
+  const std::string& callKind;  // "rpc_sync", "rpc_async", "remote", "to_here", "rref", ...
+  const std::string& function;  // what runs there, as errors name it
+  const c10::intrusive_ptr<c10::ivalue::Future>& future;  // completes with the call, also on failure
+};
+
 class Interceptor {
  public:
   virtual ~Interceptor() = default;
-  // Caller, on the sending thread, before the request is queued.
-  virtual void outgoingRequest(message::Message& request, int dst) = 0;
+  // Caller, on the sending thread, before the request is queued (request.id
+  // is set).
+  virtual void outgoingRequest(message::Message& request, const Outgoing& call) = 0;
   // Caller, before the response completes the call's future.
   virtual void incomingResponse(message::Message& response, int src) = 0;
   // Callee, on the pool thread, before the request is dispatched. Returns the

@@ -332,7 +332,7 @@ void onCleanup(agent::Agent& agent, message::Message&& request, int, const messa
 void install(agent::Agent& agent) {
   Container::get().clear();
   Container::get().setRank(agent.options().rank);
-  agent.setInterceptor(std::make_shared<Recorder>(agent.options().rank, agent.options().name));
+  agent.addInterceptor(std::make_shared<Recorder>(agent.options().rank, agent.options().name));
   agent::Agent* a = &agent;  // handlers are owned by the agent: it outlives them
   // An exception a handler throws is its answer (Agent::serve).
   agent.setHandler(

@@ -134,7 +134,8 @@ class Scope : public agent::CallScope {
 
 }  // namespace
 
-void Recorder::outgoingRequest(message::Message& request, int dst) {
+void Recorder::outgoingRequest(message::Message& request, const agent::Outgoing& call) {
+  const int dst = call.dst;
   const int64_t id = Container::currentId();
   if (id < 0 || !recorded(request.type)) return;
   auto ctx = Container::get().find(id);

@@ -26,7 +26,7 @@ class Recorder : public agent::Interceptor {
  public:
   Recorder(int rank, std::string worker) : rank_(rank), worker_(std::move(worker)) {}
 
-  void outgoingRequest(message::Message& request, int dst) override;
+  void outgoingRequest(message::Message& request, const agent::Outgoing& call) override;
   void incomingResponse(message::Message& response, int src) override;
   std::shared_ptr<agent::CallScope> incomingRequest(message::Message& request, int src) override;
   void stop() override;  // releases every context of this process

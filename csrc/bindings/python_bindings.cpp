@@ -19,6 +19,7 @@
 #include "jit_ops/script_rref.h"
 #include "message/receive_buffers.h"
 #include "optim/optimizer.h"
+#include "profiling/profiler.h"
 #include "python_fallback/call_messages.h"
 #include "python_fallback/callback_runner.h"
 #include "python_fallback/gil.h"
@@ -375,6 +376,12 @@ PYBIND11_MODULE(_C, m) {
              if (!e) return py::none();
              return py::make_tuple(e->first, e->second, "", "");
            })
+      // remote()'s call, as a torch.futures.Future (None for an RRef not made by remote() here).
+      .def("creation_future",
+           [](const rref::RRef& r) -> py::object {
+             if (!r.creation()) return py::none();
+             return torch::jit::toPyObject(c10::IValue(r.creation()));
+           })
       // Owner only: (True, value) once the value exists, or (False, error tuple).
       .def("local_value",
            [](const rref::RRef& r, double timeout) -> py::tuple {
@@ -526,6 +533,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("optimizer_unregister", &torchrpc::optim::unregisterOptimizer);
 
   m.def("reap_thread_states", &pf::reapThreadStates);
+
+  // The process-global profiler (torchrpc/profiler.py): events are torch's ProfilerEvent.
+  m.def("profiler_global_start", [](bool recordShapes, bool profileMemory) {
+    torchrpc::profiling::startGlobal(
+        torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::CPU, recordShapes, profileMemory));
+  });
+  m.def("profiler_global_stop", &torchrpc::profiling::stopGlobal);
 
   // Counters of this process's internals, for debugging and tests.
   m.def("debug_counters", [] {

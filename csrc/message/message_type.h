@@ -47,6 +47,9 @@ enum class MessageType : uint16_t {
   // answered with SCRIPT_RET (None) or EXCEPTION.
   kMemberJoin = 70,   // the sender joined the job: its record (name, rank, addresses)
   kMemberLeave = 71,  // the sender leaves the job
+  // Profiling (80-89): see csrc/profiling/.
+  kProfiledCall = 80,  // a request sent while the caller profiles: envelope + request
+  kProfiledRet = 81,   // the response to one: the callee's profiler events + response
 };
 
 inline bool isRequest(MessageType t) {
@@ -55,12 +58,14 @@ inline bool isRequest(MessageType t) {
          (t >= MessageType::kRemoteCall && t <= MessageType::kRRefMethodCall) ||
          t == MessageType::kAutogradCall || t == MessageType::kAutogradBackward ||
          t == MessageType::kAutogradCleanup || t == MessageType::kAutogradPassDone ||
-         t == MessageType::kMemberJoin || t == MessageType::kMemberLeave;
+         t == MessageType::kMemberJoin || t == MessageType::kMemberLeave ||
+         t == MessageType::kProfiledCall;
 }
 
 inline bool isResponse(MessageType t) {
   return t == MessageType::kScriptRet || t == MessageType::kPythonRet ||
-         t == MessageType::kException || t == MessageType::kAutogradRet;
+         t == MessageType::kException || t == MessageType::kAutogradRet ||
+         t == MessageType::kProfiledRet;
 }
 
 const char* messageTypeName(MessageType t);

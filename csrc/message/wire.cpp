@@ -33,6 +33,8 @@ const char* messageTypeName(MessageType t) {
     case MessageType::kRRefMethodCall: return "RREF_METHOD_CALL";
     case MessageType::kAutogradCall: return "AUTOGRAD_CALL";
     case MessageType::kAutogradRet: return "AUTOGRAD_RET";
+    case MessageType::kProfiledCall: return "PROFILED_CALL";
+    case MessageType::kProfiledRet: return "PROFILED_RET";
     case MessageType::kAutogradBackward: return "AUTOGRAD_BACKWARD";
     case MessageType::kAutogradCleanup: return "AUTOGRAD_CLEANUP";
     case MessageType::kAutogradPassDone: return "AUTOGRAD_PASS_DONE";

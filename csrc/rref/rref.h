@@ -96,6 +96,11 @@ class RRef {
   const RRefId& id() const { return id_; }
   // The context this RRef belongs to; empty once that session is gone.
   std::shared_ptr<RRefContext> context() const { return ctx_.lock(); }
+  // remote()'s call, when this worker's remote() made this RRef and a
+  // profiler watches it: completes once its creation is answered and
+  // recorded. Set by remote() before it returns the RRef.
+  void setCreation(c10::intrusive_ptr<c10::ivalue::Future> call) { creation_ = std::move(call); }
+  const c10::intrusive_ptr<c10::ivalue::Future>& creation() const { return creation_; }
 
  protected:
   RRef(std::weak_ptr<RRefContext> ctx, int owner, RRefId id)
@@ -104,6 +109,7 @@ class RRef {
   std::weak_ptr<RRefContext> ctx_;
   const int owner_;
   const RRefId id_;
+  c10::intrusive_ptr<c10::ivalue::Future> creation_;
 };
 
 class OwnerRRef final : public RRef {

@@ -1,10 +1,13 @@
 #include "rref/rref_context.h"
 
+#include <ATen/ThreadLocalState.h>
+
 #include <chrono>
 
 #include "common/error.h"
 #include "common/logging.h"
 #include "message/payload.h"
+#include "profiling/profiler.h"
 #include "rref/rref_messages.h"
 
 namespace torchrpc::rref {
@@ -103,9 +106,16 @@ std::shared_ptr<RRef> RRefContext::remote(int dst, message::Message&& call, doub
     // The owner is this worker: no message, the value is created on the pool.
     auto owner = owners_->startCreation(rrefId, nullptr, rank_);
     auto token = inFlight_.begin();
-    agent_->pool().run([self = shared_from_this(), owner, token, call = std::move(call)]() mutable {
+    std::function<void()> create = [self = shared_from_this(), owner, token, call = std::move(call)]() mutable {
       self->runCreation(owner, std::move(call), self->rank_, std::move(token));
-    });
+    };
+    // Profiled: one range until the value exists, and the creation's own
+    // events recorded in the caller's profile (its thread state goes along).
+    if (auto recorded = profiling::localCall(*agent_, "remote", function, owner->value())) {
+      owner->setCreation(recorded);
+      create = at::wrapPropagateTLSState(std::move(create));
+    }
+    agent_->pool().run(std::move(create));
     return owner;
   }
   const ForkId forkId = newId();
@@ -134,6 +144,7 @@ std::shared_ptr<RRef> RRefContext::remote(int dst, message::Message&& call, doub
     user->markDeleted();  // the owner never heard of it: nothing to delete
     std::rethrow_exception(refused);
   }
+  if (profiling::profiled()) user->setCreation(sent);  // RRef._get_profiling_future
   return user;
 }
 

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "autograd/engine.h"
+#include "profiling/profiler.h"
 #include "common/error.h"
 
 namespace torchrpc::worker {
@@ -62,6 +63,7 @@ Worker::Worker(agent::AgentOptions options, c10::intrusive_ptr<c10d::Store> stor
     peerWatch_ = PeerWatch::create(agent_, rrefs_);
     autograd::install(*agent_);
     if (membership_) membership_->install();
+    profiling::install(*agent_);  // after autograd: its envelope wraps autograd's
     if (beforeServing) beforeServing(*agent_, *rrefs_);
     agent_->startServing();
     agent::Agent::setCurrent(agent_);
