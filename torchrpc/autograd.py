@@ -36,9 +36,11 @@ def _agent(what):
 
 
 def _check_context_id(context_id, what):
+    # "incompatible function arguments": the phrase of torch's binding, which code matches on.
     if isinstance(context_id, bool) or not isinstance(context_id, numbers.Integral):
-        raise TypeError(f"{what} expects an int context_id (from `with torchrpc.autograd.context() "
-                        f"as context_id`); got {type(context_id).__name__}")
+        raise TypeError(f"{what}(): incompatible function arguments: it expects an int context_id "
+                        f"(from `with torchrpc.autograd.context() as context_id`); "
+                        f"got {type(context_id).__name__}")
 
 
 class context:
@@ -72,15 +74,19 @@ def backward(context_id, roots, retain_graph=False):
         retain_graph (bool): keep the graph, so that ``backward`` may run again.
 
     Raises:
-        ValueError: an unknown context or an invalid root.
-        torchrpc.errors.RemoteError: the backward pass failed on a worker; the
-            message names it.
+        TypeError: `context_id` is not an int or `roots` not a list of tensors.
+        RuntimeError: an unknown context, or an invalid root (none, one that
+            does not require grad, is not a scalar or is a leaf), as
+            ``torch.distributed.autograd.backward`` raises.
+        RuntimeError: the backward pass failed on a worker; the message says
+            "Error on Node <rank>: " and names the worker.
         torchrpc.errors.PeerUnreachableError: a worker of the pass died.
     """
     _check_context_id(context_id, "torchrpc.autograd.backward")
-    if isinstance(roots, torch.Tensor) or not all(isinstance(r, torch.Tensor) for r in roots):
-        raise TypeError("torchrpc.autograd.backward expects roots as a list of tensors, "
-                        "e.g. backward(context_id, [loss])")
+    if not isinstance(roots, (list, tuple)) or not all(isinstance(r, torch.Tensor) for r in roots):
+        raise TypeError("torchrpc.autograd.backward(): incompatible function arguments: it expects "
+                        "roots as a list of tensors, e.g. backward(context_id, [loss]); "
+                        f"got {type(roots).__name__}")
     call = native().autograd_backward(_agent("torchrpc.autograd.backward"), context_id, list(roots),
                                       bool(retain_graph))
     ok, value = call.result()

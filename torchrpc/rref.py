@@ -256,9 +256,19 @@ class RRef:
         With a context id, it is a distributed backward pass in that context
         (see :func:`torchrpc.autograd.backward`; read the gradients with
         :func:`torchrpc.autograd.get_gradients`). With the default -1, it is a
-        local ``value.backward()`` on the owner.
+        local ``value.backward()``, which only the owner may run.
+
+        Raises:
+            RuntimeError: a user RRef without a context id, a value that is not
+                a tensor, or an unknown context (upstream's errors).
         """
         if not self.is_owner():
+            if dist_autograd_ctx_id == -1:
+                raise RuntimeError(
+                    f"{self!r}.backward() runs a local backward pass on its owner, so it needs a "
+                    "distributed autograd context here: pass backward(context_id) from "
+                    "`with torchrpc.autograd.context() as context_id` (User RRefs require "
+                    "'dist_autograd_ctx_id' to be specified)")
             args = (self, dist_autograd_ctx_id, retain_graph)
             return dispatch.invoke("rpc_sync", self.owner(), _backward_on_owner, args).wait()
         return _backward_on_owner(self, dist_autograd_ctx_id, retain_graph)
@@ -326,8 +336,8 @@ def _backward_on_owner(rref, context_id, retain_graph):
 def _backward_from_value(rref, context_id, retain_graph):
     value = rref.local_value()
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"RRef.backward() needs an RRef of a tensor; {rref!r} holds a "
-                        f"{type(value).__name__}")
+        raise RuntimeError(f"RRef.backward() needs an RRef of a tensor; {rref!r} holds a "
+                           f"{type(value).__name__} (RRef should contain a tensor for .backward())")
     if context_id == -1:
         value.backward(retain_graph=retain_graph)
     else:

@@ -231,10 +231,10 @@ void Agent::onResponse(message::Message&& m, int src, uint64_t connectionId) {
       }
       case message::MessageType::kException: {
         message::RemoteException e = message::messageException(m);
-        call->future->setError(common::makeRpcError(
-            common::ErrorKind::kRemote,
-            e.message + " (raised on " + e.worker + " while running '" + e.function + "')",
-            e.type, e.traceback));
+        // No worker: a relayed error whose message names where it was raised.
+        std::string text = e.worker.empty() ? e.message
+                                            : e.message + " (raised on " + e.worker + " while running '" + e.function + "')";
+        call->future->setError(common::makeRpcError(common::ErrorKind::kRemote, std::move(text), e.type, e.traceback));
         return;
       }
       default:

@@ -1,6 +1,7 @@
 #include "autograd/context.h"
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 
 #include "common/spin.h"
 
@@ -34,29 +35,31 @@ std::set<int> Context::knownWorkers() const {
   return knownWorkers_;
 }
 
-void Context::accumulate(const at::Tensor& leaf, const at::Tensor& grad) {
+void Context::accumulate(const at::Tensor& leaf, const at::Tensor& grad, size_t expectedRefs) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = grads_.find(leaf.unsafeGetTensorImpl());
-  if (it == grads_.end()) {
-    // Detached: the gradient must not keep the backward graph that made it.
-    grads_.emplace(leaf.unsafeGetTensorImpl(), std::make_pair(leaf, grad.detach()));
-  } else {
-    it->second.second = it->second.second.add(grad.detach());  // never in place: may be shared
-  }
+  // A c10::Dict is a handle: this one is the store's own map. Writers of the
+  // map are this function and torch's DistAutogradContext (on the thread of
+  // the pass that holds passMutex_), never at once.
+  auto grads = store_->getGradients();
+  at::Tensor old;
+  auto it = grads.find(leaf);
+  if (it != grads.end()) old = it->value();
+  at::AutoGradMode noGraph(false);  // the gradient must not keep the backward graph that made it
+  torch::autograd::AccumulateGrad::accumulateGrad(leaf, old, grad, expectedRefs, [&](at::Tensor&& updated) {
+    grads.insert_or_assign(leaf, std::move(updated));
+  });
 }
 
 std::optional<at::Tensor> Context::gradientOf(const at::Tensor& leaf) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = grads_.find(leaf.unsafeGetTensorImpl());
-  if (it == grads_.end()) return std::nullopt;
-  return it->second.second;
+  auto grads = store_->getGradients();
+  auto it = grads.find(leaf);
+  if (it == grads.end()) return std::nullopt;
+  return it->value();
 }
 
 std::vector<std::pair<at::Tensor, at::Tensor>> Context::gradients() const {
-  std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::pair<at::Tensor, at::Tensor>> out;
-  out.reserve(grads_.size());
-  for (const auto& kv : grads_) out.push_back(kv.second);
+  for (const auto& kv : store_->getGradients()) out.emplace_back(kv.key(), kv.value());
   return out;
 }
 
@@ -72,7 +75,8 @@ void Container::setRank(int rank) {
 
 std::shared_ptr<Context> Container::create() {
   TORCH_CHECK(currentContextId == -1, "this thread is already in distributed autograd context ",
-              currentContextId, "; torchrpc.autograd.context() blocks cannot be nested");
+              currentContextId, "; torchrpc.autograd.context() blocks cannot be nested "
+              "(Already have an autograd context id for this thread)");
   auto ctx = std::make_shared<Context>([&] {
     std::lock_guard<std::mutex> lock(mutex_);
     return rankPrefix_ + next_++;
@@ -137,9 +141,10 @@ std::shared_ptr<Context> Container::find(int64_t id) const {
 
 std::shared_ptr<Context> Container::retrieve(int64_t id, const std::string& worker) const {
   auto ctx = find(id);
-  TORCH_CHECK_VALUE(ctx, "distributed autograd context ", id, " does not exist on ", worker,
-                    ": it was released (its `with torchrpc.autograd.context()` block ended), "
-                    "or this worker took no part in it");
+  // RuntimeError with upstream's phrase, as torch.distributed.autograd raises.
+  TORCH_CHECK(ctx, "distributed autograd context ", id, " does not exist on ", worker,
+              ": it was released (its `with torchrpc.autograd.context()` block ended), "
+              "or this worker took no part in it (Could not find autograd context with id: ", id, ")");
   return ctx;
 }
 

@@ -5,7 +5,14 @@
 // A Context is one `with torchrpc.autograd.context()` block, seen from one
 // worker: the send functions this worker recorded (by id, for the backward
 // messages that will name them), the workers it sent requests to (they learn
-// of the release through it), and the gradients its leaves accumulated. The
+// of the release through it), and the gradients its leaves accumulated.
+//
+// The gradients live in a torch::distributed::autograd::DistAutogradContext
+// (libtorch's own, used here only as the store): torch code that runs inside a
+// backward pass and looks for "the current distributed autograd context", as
+// DDP's Reducer does to average gradients, finds this one (local_pass.h sets it
+// while leaves accumulate), and accumulation follows torch's rules (a gradient
+// nobody else holds is kept without a copy, layouts as AccumulateGrad). The
 // worker that opens the block creates the context; the others create theirs,
 // with the same id, when the first request of that context reaches them.
 //
@@ -15,6 +22,7 @@
 // the process's waits poll for longer (setTrainingSpin, common/spin.h).
 
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/autograd/context/context.h>
 
 #include <cstdint>
 #include <memory>
@@ -33,7 +41,8 @@ namespace torchrpc::autograd {
 
 class Context {
  public:
-  explicit Context(int64_t id) : id_(id) {}
+  explicit Context(int64_t id)
+      : id_(id), store_(std::make_shared<torch::distributed::autograd::DistAutogradContext>(id)) {}
   int64_t id() const { return id_; }
 
   // Forward pass.
@@ -45,7 +54,13 @@ class Context {
   // Backward pass. One local pass at a time per context (passMutex), so that
   // gradients accumulate in order.
   std::mutex& passMutex() { return passMutex_; }
-  void accumulate(const at::Tensor& leaf, const at::Tensor& grad);
+  // Adds `grad` to the leaf's gradient as torch's AccumulateGrad does:
+  // without a copy when `grad` has no more than `expectedRefs` references
+  // (they are the caller's), else a copy that follows the leaf's layout.
+  void accumulate(const at::Tensor& leaf, const at::Tensor& grad, size_t expectedRefs);
+  // The store of the gradients (see above), for torch code that looks for
+  // the current context.
+  const std::shared_ptr<torch::distributed::autograd::DistAutogradContext>& store() const { return store_; }
   // The gradient accumulated for `leaf`, if any.
   std::optional<at::Tensor> gradientOf(const at::Tensor& leaf) const;
   // (leaf, accumulated gradient) pairs.
@@ -57,7 +72,7 @@ class Context {
   int64_t nextSendId_{0};
   std::unordered_map<int64_t, c10::intrusive_ptr<SendRpcBackward>> sends_;
   std::set<int> knownWorkers_;
-  std::unordered_map<const c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>> grads_;
+  const std::shared_ptr<torch::distributed::autograd::DistAutogradContext> store_;
   std::mutex passMutex_;
 };
 

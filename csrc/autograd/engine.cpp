@@ -1,18 +1,15 @@
 #include "autograd/engine.h"
 
-#include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <atomic>
 #include <map>
 #include <mutex>
-#include <set>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "autograd/autograd_messages.h"
 #include "autograd/context.h"
+#include "autograd/local_pass.h"
 #include "autograd/recorder.h"
 #include "common/error.h"
 #include "common/logging.h"
@@ -20,9 +17,6 @@
 
 namespace torchrpc::autograd {
 
-using torch::autograd::AccumulateGrad;
-using torch::autograd::Edge;
-using torch::autograd::Node;
 using FuturePtr = c10::intrusive_ptr<c10::ivalue::Future>;
 
 namespace {
@@ -180,32 +174,6 @@ void reportPass(agent::Agent& agent, const PassInfo& pass, const PassReport& rep
   });
 }
 
-// The edges whose gradients a pass from `roots` must capture: leaves
-// (AccumulateGrad) and receive nodes. The engine runs only the nodes on
-// paths to them.
-torch::autograd::edge_list outputsOf(const torch::autograd::edge_list& roots) {
-  torch::autograd::edge_list outputs;
-  std::set<std::pair<const Node*, uint32_t>> taken;
-  std::unordered_set<const Node*> seen;
-  std::vector<Node*> stack;
-  auto consider = [&](const Edge& e) {
-    Node* n = e.function.get();
-    if (!n) return;
-    if (dynamic_cast<AccumulateGrad*>(n) || dynamic_cast<RecvRpcBackward*>(n)) {
-      if (taken.emplace(n, e.input_nr).second) outputs.push_back(e);
-      return;
-    }
-    if (seen.insert(n).second) stack.push_back(n);
-  };
-  for (const auto& r : roots) consider(r);
-  while (!stack.empty()) {
-    Node* n = stack.back();
-    stack.pop_back();
-    for (const auto& e : n->next_edges()) consider(e);
-  }
-  return outputs;
-}
-
 // One local pass: accumulates the leaves' gradients into ctx and sends the
 // receive nodes' gradients to their senders.
 //
@@ -216,34 +184,7 @@ torch::autograd::edge_list outputsOf(const torch::autograd::edge_list& roots) {
 FuturePtr runPass(agent::Agent& agent, const std::shared_ptr<Context>& ctx,
                   const torch::autograd::edge_list& roots, const torch::autograd::variable_list& grads,
                   bool keepGraph, bool retainGraph, const PassInfo& pass) {
-  auto outputs = outputsOf(roots);
-  if (outputs.empty()) {
-    reportPass(agent, pass, {pass.passId, {}});
-    return completed();
-  }
-  torch::autograd::variable_list captured;
-  {
-    std::lock_guard<std::mutex> lock(ctx->passMutex());
-    captured = torch::autograd::Engine::get_default_engine().execute(
-        roots, grads, keepGraph, /*create_graph=*/false, /*accumulate_grad=*/false, outputs);
-  }
-  std::map<RecvRpcBackward*, std::pair<c10::intrusive_ptr<Node>, std::vector<std::optional<at::Tensor>>>>
-      toSend;
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    if (!captured[i].defined()) continue;
-    Node* n = outputs[i].function.get();
-    if (auto* acc = dynamic_cast<AccumulateGrad*>(n)) {
-      ctx->accumulate(acc->variable, captured[i]);
-      continue;
-    }
-    auto* recv = static_cast<RecvRpcBackward*>(n);
-    auto& entry = toSend[recv];
-    if (!entry.first) {
-      entry.first = outputs[i].function;
-      entry.second.resize(recv->num_inputs());
-    }
-    entry.second[outputs[i].input_nr] = captured[i];
-  }
+  auto toSend = runLocalPass(*ctx, roots, grads, keepGraph);
   const int self = agent.options().rank;
   PassReport report{pass.passId, {}};
   RecvRpcBackward* lastToRoot = nullptr;
@@ -258,7 +199,7 @@ FuturePtr runPass(agent::Agent& agent, const std::shared_ptr<Context>& ctx,
   for (auto& kv : toSend) {
     RecvRpcBackward* recv = kv.first;
     const int64_t child = report.children[i++];
-    BackwardRequest request{ctx->id(), recv->sendId, retainGraph, std::move(kv.second.second),
+    BackwardRequest request{ctx->id(), recv->sendId, retainGraph, std::move(kv.second.grads),
                             pass.rootRank, pass.backwardId, child, std::nullopt};
     if (recv == lastToRoot) request.report = report;
     auto f = agent.send(recv->src, backwardMessage(std::move(request)),
@@ -290,17 +231,31 @@ void sendCleanup(agent::Agent& agent, const Context& ctx) {
   }
 }
 
-void replyWhenDone(const FuturePtr& done, const std::string& worker, const message::Reply& reply) {
-  done->addCallback([worker, reply](c10::ivalue::Future& f) {
+// What a failed AUTOGRAD_BACKWARD answers. A failure here (the local pass, or
+// sending its gradients) says "Error on Node <rank>: ", as upstream's does; a
+// later pass's failure already names its worker and is relayed as it came
+// (an empty worker: the caller adds no "raised on" of its own).
+message::RemoteException backwardFailure(const std::exception_ptr& error, int rank, const std::string& worker) {
+  const common::ErrorParts parts = common::errorParts(error);
+  if (parts.kind == common::ErrorKind::kRemote) {
+    return message::RemoteException{parts.remoteType, parts.message, parts.remoteTraceback, kBackwardFunction, ""};
+  }
+  auto failure = message::describeException(error, kBackwardFunction, worker);
+  failure.message = "Error on Node " + std::to_string(rank) + ": " + failure.message;
+  return failure;
+}
+
+void replyWhenDone(const FuturePtr& done, const agent::Agent& agent, const message::Reply& reply) {
+  done->addCallback([rank = agent.options().rank, worker = agent.options().name, reply](c10::ivalue::Future& f) {
     if (f.hasError()) {
-      reply.error(message::describeException(f.exception_ptr(), kBackwardFunction, worker));
+      reply.error(backwardFailure(f.exception_ptr(), rank, worker));
     } else {
       reply.value(c10::IValue());
     }
   });
 }
 
-void onBackward(agent::Agent& agent, message::Message&& request, int callerRank, const message::Reply& reply) {
+FuturePtr startBackward(agent::Agent& agent, message::Message&& request, int callerRank) {
   const std::string& worker = agent.options().name;
   BackwardRequest r = parseBackward(std::move(request));
   if (r.report) reportToTracker(r.backwardId, *r.report);
@@ -318,7 +273,18 @@ void onBackward(agent::Agent& agent, message::Message&& request, int callerRank,
     inputs.push_back(std::move(*r.grads[i]));
   }
   PassInfo pass{r.rootRank, r.backwardId, r.passId, callerRank};
-  replyWhenDone(runPass(agent, ctx, roots, inputs, /*keepGraph=*/true, r.retainGraph, pass), worker, reply);
+  return runPass(agent, ctx, roots, inputs, /*keepGraph=*/true, r.retainGraph, pass);
+}
+
+void onBackward(agent::Agent& agent, message::Message&& request, int callerRank, const message::Reply& reply) {
+  FuturePtr done;
+  try {
+    done = startBackward(agent, std::move(request), callerRank);
+  } catch (...) {
+    reply.error(backwardFailure(std::current_exception(), agent.options().rank, agent.options().name));
+    return;
+  }
+  replyWhenDone(done, agent, reply);
 }
 
 void onCleanup(agent::Agent& agent, message::Message&& request, int, const message::Reply& reply) {
@@ -360,16 +326,21 @@ FuturePtr backward(agent::Agent& agent, int64_t contextId, const std::vector<at:
                    bool retainGraph) {
   const std::string& worker = agent.options().name;
   auto ctx = Container::get().retrieve(contextId, worker);
-  TORCH_CHECK_VALUE(!roots.empty(), "torchrpc.autograd.backward needs at least one root tensor");
+  // RuntimeError with upstream's phrases, as torch.distributed.autograd.backward raises.
+  TORCH_CHECK(!roots.empty(), "torchrpc.autograd.backward needs at least one root tensor "
+              "(No tensors provided for gradient computation)");
   torch::autograd::edge_list edges;
   torch::autograd::variable_list grads;
   for (size_t i = 0; i < roots.size(); ++i) {
     const at::Tensor& r = roots[i];
-    TORCH_CHECK_VALUE(r.defined() && r.requires_grad(), "torchrpc.autograd.backward: root #", i,
-                      " does not require grad, so no gradient can flow from it");
-    TORCH_CHECK_VALUE(r.numel() == 1, "torchrpc.autograd.backward: root #", i,
-                      " has ", r.numel(), " elements; roots must be scalars (e.g. a loss); "
-                      "reduce it first, for example with .sum()");
+    TORCH_CHECK(r.defined() && r.requires_grad(), "torchrpc.autograd.backward: root #", i,
+                " does not require grad, so no gradient can flow from it (requires_grad not set on root)");
+    TORCH_CHECK(r.numel() == 1, "torchrpc.autograd.backward: root #", i, " has ", r.numel(),
+                " elements; roots must be scalars (e.g. a loss); reduce it first, for example with .sum() "
+                "(root #", i, " is not a scalar, all roots need to be scalar)");
+    TORCH_CHECK(r.grad_fn(), "torchrpc.autograd.backward: root #", i, " is a leaf: no operation made it, "
+                "so there is no graph to run backward through (root #", i,
+                " does not have a valid gradient function)");
     edges.push_back(torch::autograd::impl::gradient_edge(r));
     grads.push_back(at::ones_like(r, LEGACY_CONTIGUOUS_MEMORY_FORMAT));
   }

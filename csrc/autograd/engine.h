@@ -24,10 +24,15 @@
 // response (or the dead connection) fails the call that started it, up to
 // backward().
 //
-// Each local pass is one Engine::execute(accumulate_grad=false, outputs =
-// the leaf and receive edges reachable from its roots). Passes started by
-// a send function keep their graph (several send functions may share
-// nodes); it is freed when the context is released.
+// Each local pass is one run of torch's engine over the part of the graph
+// between its roots and the leaf and receive edges they reach; leaves
+// accumulate into the context as in local autograd, hooks included
+// (local_pass.h). Passes started by a send function keep their graph
+// (several send functions may share nodes); it is freed when the context is
+// released.
+//
+// A pass that fails answers "Error on Node <rank>: ..." (upstream's words);
+// the workers before it relay that error unchanged to the root.
 
 #include <ATen/core/ivalue.h>
 

@@ -58,10 +58,6 @@ def dot_grad(name):
     return _params[name].grad
 
 
-def clear_dot_grad(name):
-    _params[name].grad = None
-
-
 def live_contexts():
     return rpc.autograd._live_contexts()
 
@@ -146,3 +142,56 @@ def hold_context_with_call(to):
     threading.Thread(target=hold, daemon=True).start()
     assert ready.wait(10), "the call in the context did not complete"
     return opened[0]
+
+
+class _Cube(torch.autograd.Function):
+    """x ** 3 with its own backward, from a saved tensor; its backward raises
+    while `fail` is set (SystemError: a class nothing else here raises)."""
+    fail = False
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x ** 3
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        if _Cube.fail:
+            raise SystemError("the custom Function's backward failed on purpose")
+        (x,) = ctx.saved_tensors
+        return 3 * x * x * grad
+
+
+def cube_param(x, name):
+    """A custom autograd Function on this worker, fed by the caller's x and this worker's parameter."""
+    return _Cube.apply(x * _params[name])
+
+
+def set_cube_fails(fail):
+    _Cube.fail = fail
+
+
+_hook_calls = []
+
+
+def with_leaf_hooks(x, name):
+    """x * w, with post hooks on w's AccumulateGrad node (one registered twice,
+    as upstream's test_post_hooks does) that record what they get."""
+    w = _params[name]
+    y = x * w
+    acc = y.grad_fn.next_functions[1][0]
+    _hook_calls.clear()
+    _hook_handles[:] = [acc.register_hook(lambda grad_inputs, grad_outputs, tag=tag: _hook_calls.append(
+        (tag, len(grad_inputs), [g.clone() for g in grad_outputs]))) for tag in ("a", "b")]
+    return y
+
+
+_hook_handles = []
+
+
+def leaf_hook_calls():
+    """What the hooks of with_leaf_hooks saw; removes them."""
+    for h in _hook_handles:
+        h.remove()
+    return list(_hook_calls)

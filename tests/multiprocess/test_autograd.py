@@ -178,14 +178,17 @@ def test_rref_backward_in_a_context_starts_on_the_owner():
         check(ctx, [x], ["worker1"], (x * w1).sum(), [x, w1])
 
 
-def test_rref_backward_without_a_context_is_local_on_the_owner():
+def test_rref_backward_without_a_context_only_on_the_owner():
+    """As upstream: a local backward pass runs only where the value is; a user
+    RRef needs a context, and a value that is not a tensor is refused."""
     rref = rpc.remote("worker1", P.scalar_loss, args=(torch.ones(3, 3, dtype=torch.float64), "w"))
-    try:
+    with pytest.raises(RuntimeError, match="User RRefs require 'dist_autograd_ctx_id' to be specified"):
         rref.backward()
-        assert_close(rpc.rpc_sync("worker1", P.dot_grad, args=("w",)),
-                     torch.ones(3, 3, dtype=torch.float64))
-    finally:
-        rpc.rpc_sync("worker1", P.clear_dot_grad, args=("w",))
+    assert rpc.rpc_sync("worker1", P.dot_grad, args=("w",)) is None
+    with rpc.autograd.context() as ctx:
+        not_a_tensor = rpc.remote("worker1", funcs.py_add, args=(1, 1))
+        with pytest.raises(RuntimeError, match="RRef should contain a tensor for .backward()"):
+            not_a_tensor.backward(ctx)
 
 
 def test_retain_graph_lets_backward_run_again():
@@ -218,7 +221,7 @@ def test_contexts_are_released_on_every_worker():
             break
         time.sleep(0.01)
     assert left == []
-    with pytest.raises(ValueError, match="does not exist on worker0"):
+    with pytest.raises(RuntimeError, match="does not exist on worker0.*Could not find autograd context"):
         rpc.autograd.get_gradients(ctx)
 
 
@@ -256,23 +259,158 @@ def test_an_error_in_a_remote_backward_names_the_worker():
     x = leaf(1)
     with rpc.autograd.context() as ctx:
         y = rpc.rpc_sync("worker1", P.fails_in_backward, args=(x,))
-        with pytest.raises(RuntimeError, match="boom in the backward pass.*raised on worker1"):
+        with pytest.raises(RuntimeError, match=r"^Error on Node 1: boom in the backward pass \(raised on worker1"):
             rpc.autograd.backward(ctx, [y.sum()])
 
 
+def test_an_error_deep_in_the_chain_reaches_the_root_as_raised():
+    """The failing node is on the root, reached through worker1 and worker2:
+    the error comes back as raised there, relayed, not wrapped once per hop."""
+    x = leaf(1)
+    with rpc.autograd.context() as ctx:
+        y = P.fails_in_backward(x)
+        y = rpc.rpc_sync("worker1", P.mul_param, args=(y, "w"))
+        y = rpc.rpc_sync("worker2", P.mul_param, args=(y, "w"))
+        with pytest.raises(RuntimeError) as raised:
+            rpc.autograd.backward(ctx, [y.sum()])
+    assert str(raised.value) == ("Error on Node 0: boom in the backward pass "
+                                 "(raised on worker0 while running 'torchrpc.autograd.backward')")
+
+
+def test_a_custom_function_on_the_callee_backpropagates():
+    x = leaf(1)
+    with rpc.autograd.context() as ctx:
+        y = rpc.rpc_sync("worker1", P.cube_param, args=(x, "w"))
+        rpc.autograd.backward(ctx, [(y * y).sum()])
+        w1 = w_of("worker1")
+        check(ctx, [x], ["worker1"], ((x * w1) ** 6).sum(), [x, w1])
+
+
+def test_a_custom_function_that_fails_fails_each_pass_the_same_then_recovers():
+    """A Python error in a node's backward leaves nothing behind on the
+    callee's threads: every later pass fails with the same error, not another."""
+    x = leaf(1)
+    rpc.rpc_sync("worker1", P.set_cube_fails, args=(True,))
+    try:
+        with rpc.autograd.context() as ctx:
+            loss = rpc.rpc_sync("worker1", P.cube_param, args=(x, "w")).sum()
+            for _ in range(6):
+                with pytest.raises(RuntimeError, match=r"^Error on Node 1: the custom Function's backward failed on "
+                                                       r"purpose \(raised on worker1"):
+                    rpc.autograd.backward(ctx, [loss], retain_graph=True)
+            rpc.rpc_sync("worker1", P.set_cube_fails, args=(False,))
+            rpc.autograd.backward(ctx, [loss])
+            w1 = w_of("worker1")
+            check(ctx, [x], ["worker1"], ((x * w1) ** 3).sum(), [x, w1])
+    finally:
+        rpc.rpc_sync("worker1", P.set_cube_fails, args=(False,))
+
+
+def test_post_hooks_of_a_leaf_run_once_with_its_gradient():
+    """As in local autograd: each post hook of the leaf's AccumulateGrad node
+    runs once per pass, with no outputs and the leaf's gradient as input."""
+    x = leaf(1)
+    with rpc.autograd.context() as ctx:
+        y = rpc.rpc_sync("worker1", P.with_leaf_hooks, args=(x, "w"))
+        rpc.autograd.backward(ctx, [y.sum()])
+        calls = rpc.rpc_sync("worker1", P.leaf_hook_calls)
+        assert [(tag, n) for tag, n, _ in calls] == [("a", 0), ("b", 0)]
+        for _, _, (grad,) in calls:
+            assert_close(grad, x.detach())
+        assert_close(remote_grad(ctx, "worker1"), x.detach())
+    t = torch.rand(3, 3, requires_grad=True)
+    a = t + t  # both edges lead to t's AccumulateGrad: its hooks still run once
+    counts = []
+    acc = a.grad_fn.next_functions[0][0]
+    acc.register_hook(lambda grad_inputs, grad_outputs: counts.append(1))
+    acc.register_hook(lambda grad_inputs, grad_outputs: counts.append(2))
+    with rpc.autograd.context() as ctx:
+        rpc.autograd.backward(ctx, [a.sum()])
+        assert counts == [1, 2]
+        assert_close(rpc.autograd.get_gradients(ctx)[t], torch.full((3, 3), 2.0))
+
+
+def test_a_gradient_nobody_else_holds_is_kept_without_a_copy():
+    """torch's AccumulateGrad rules: the context keeps the tensor a node
+    produced when nothing else holds it; it copies one that is shared (two
+    leaves getting the same tensor) or not laid out as the leaf is."""
+    a = torch.randn(5, 6, requires_grad=True)
+    b = torch.randn(5, 6, requires_grad=True)
+    with rpc.autograd.context() as ctx:
+        rpc.autograd.backward(ctx, [_SeeGrad.apply(a)[1][0]])
+        grads = rpc.autograd.get_gradients(ctx)
+        assert grads[a].data_ptr() == _SeeGrad.seen_ptr
+    with rpc.autograd.context() as ctx:
+        rpc.autograd.backward(ctx, [_SeeGradTwice.apply(a, b)[1][0]])
+        grads = rpc.autograd.get_gradients(ctx)
+        assert len({grads[a].data_ptr(), grads[b].data_ptr(), _SeeGradTwice.seen_ptr}) == 3
+        assert_close(grads[a], grads[b])
+    with rpc.autograd.context() as ctx:
+        rpc.autograd.backward(ctx, [_ExpandedGrad.apply(a)])
+        grads = rpc.autograd.get_gradients(ctx)
+        assert grads[a].is_contiguous()
+        assert_close(grads[a], torch.ones(5, 6))
+
+
+class _SeeGrad(torch.autograd.Function):
+    seen_ptr = None
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        _SeeGrad.seen_ptr = grad.data_ptr()
+        return grad
+
+
+class _SeeGradTwice(torch.autograd.Function):
+    seen_ptr = None
+
+    @staticmethod
+    def forward(ctx, x, y):
+        return x + y
+
+    @staticmethod
+    def backward(ctx, grad):
+        _SeeGradTwice.seen_ptr = grad.data_ptr()
+        return grad, grad
+
+
+class _ExpandedGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.shape = x.shape
+        return x.sum()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.ones(1).expand(ctx.shape)  # a non-contiguous gradient
+
+
 def test_bad_input_is_explained():
+    """Each with our words and upstream's phrase, in upstream's exception class."""
     x = leaf(1)
     with rpc.autograd.context() as ctx:
         y = rpc.rpc_sync("worker1", P.mul_param, args=(x, "w"))
-        with pytest.raises(ValueError, match="roots must be scalars"):
+        with pytest.raises(RuntimeError, match="roots must be scalars.*all roots need to be scalar"):
             rpc.autograd.backward(ctx, [y])
-        with pytest.raises(ValueError, match="does not require grad"):
+        with pytest.raises(RuntimeError, match="does not require grad.*requires_grad not set on root"):
             rpc.autograd.backward(ctx, [torch.zeros(())])
-        with pytest.raises(TypeError, match="list of tensors"):
+        with pytest.raises(RuntimeError, match="is a leaf.*does not have a valid gradient function"):
+            rpc.autograd.backward(ctx, [x[0, 0].detach().requires_grad_()])
+        with pytest.raises(RuntimeError, match="at least one root.*No tensors provided"):
+            rpc.autograd.backward(ctx, [])
+        with pytest.raises(TypeError, match="list of tensors.*got Tensor"):
             rpc.autograd.backward(ctx, y.sum())
-        with pytest.raises(ValueError, match="context 12345 does not exist"):
+        with pytest.raises(TypeError, match="incompatible function arguments.*got NoneType"):
+            rpc.autograd.backward(ctx, None)
+        with pytest.raises(TypeError, match="incompatible function arguments.*int context_id"):
+            rpc.autograd.backward(None, [y.sum()])
+        with pytest.raises(RuntimeError, match="context 12345 does not exist.*Could not find autograd context with id: 12345"):
             rpc.autograd.backward(12345, [y.sum()])
-        with pytest.raises(RuntimeError, match="cannot be nested"):
+        with pytest.raises(RuntimeError, match="cannot be nested.*Already have an autograd context id for this thread"):
             with rpc.autograd.context():
                 pass
         with pytest.raises(RuntimeError, match=r"torchrpc.autograd.backward\(context_id"):

@@ -118,5 +118,5 @@ def test_bad_arguments_fail_at_construction():
     with pytest.raises(TypeError, match="torch.optim.Optimizer subclass"):
         rpc.optim.DistributedOptimizer("sgd", params, lr=0.1)
     opt = rpc.optim.DistributedOptimizer(torch.optim.SGD, params, lr=0.1)
-    with pytest.raises(ValueError, match="context 999 does not exist on worker1"):
+    with pytest.raises(RuntimeError, match="context 999 does not exist on worker1"):
         opt.step(999)

@@ -129,7 +129,7 @@ def test_backward_of_a_local_owner_rref():
     x = torch.ones(3, requires_grad=True)
     rpc.RRef((x * 2).sum()).backward()  # no context: a local backward pass
     assert torch.equal(x.grad, torch.full((3,), 2.0))
-    with pytest.raises(TypeError, match="needs an RRef of a tensor"):
+    with pytest.raises(RuntimeError, match="needs an RRef of a tensor"):
         rpc.RRef(1).backward()
 
 
