@@ -8,6 +8,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstring>
+#include <ostream>
 #include <limits>
 
 #include "message/receive_buffers.h"
@@ -61,6 +62,18 @@ const char* componentName(Code code, size_t k) {
   if (code == Code::kSparseCoo) return coo[k];
   return (code == Code::kSparseCsc || code == Code::kSparseBsc) ? colCompressed[k] : rowCompressed[k];
 }
+
+// What an error calls a tensor or one of its components: made into words
+// only when there is an error, so a message's tensors cost no strings.
+struct Name {
+  size_t index;
+  const char* component;  // null: the tensor itself
+  std::string str() const {
+    return (component ? std::string(component) + " of " : std::string()) + "tensor #" + std::to_string(index);
+  }
+};
+
+std::ostream& operator<<(std::ostream& out, const Name& n) { return out << n.str(); }
 
 // A sparse tensor's layout code and components, in wire order; false for a
 // layout that cannot travel.
@@ -117,7 +130,7 @@ void appendHeader(std::string& desc, c10::ScalarType dtype, int64_t ndim, uint16
   appendPod(desc, h);
 }
 
-void encodeStrided(const at::Tensor& in, const std::string& what, uint64_t lendFrom, std::string& desc,
+void encodeStrided(const at::Tensor& in, Name what, uint64_t lendFrom, std::string& desc,
                    std::vector<Buffer>& buffers, std::vector<Buffer>& lent) {
   TORCH_CHECK(supportedDtype(in.scalar_type()), "torchrpc cannot send tensors of dtype ", in.scalar_type(), " (",
               what, ")");
@@ -166,70 +179,70 @@ class Cursor {
   const char* end_;
 };
 
-std::string readHeader(Cursor& c, const std::string& what, Header& h) {
-  if (!c.read(&h, sizeof(h))) return "truncated descriptor of " + what;
-  if (h.reserved[0] != 0 || h.reserved[1] != 0 || h.reserved[2] != 0) return what + " has nonzero reserved bytes";
+std::string readHeader(Cursor& c, Name what, Header& h) {
+  if (!c.read(&h, sizeof(h))) return "truncated descriptor of " + what.str();
+  if (h.reserved[0] != 0 || h.reserved[1] != 0 || h.reserved[2] != 0) return what.str() + " has nonzero reserved bytes";
   if (h.dtype >= static_cast<uint8_t>(c10::ScalarType::NumOptions) ||
       !supportedDtype(static_cast<c10::ScalarType>(h.dtype))) {
-    return what + " has unsupported dtype code " + std::to_string(h.dtype);
+    return what.str() + " has unsupported dtype code " + std::to_string(h.dtype);
   }
   if (h.ndim > kMaxTensorDims) {
-    return what + " claims " + std::to_string(h.ndim) + " dimensions; the limit is " + std::to_string(kMaxTensorDims);
+    return what.str() + " claims " + std::to_string(h.ndim) + " dimensions; the limit is " + std::to_string(kMaxTensorDims);
   }
-  if (h.code > static_cast<uint8_t>(Code::kSparseBsc)) return what + " has unknown layout code " + std::to_string(h.code);
+  if (h.code > static_cast<uint8_t>(Code::kSparseBsc)) return what.str() + " has unknown layout code " + std::to_string(h.code);
   return "";
 }
 
 // n sizes or strides ("size", "stride"), none negative.
-std::string readSizes(Cursor& c, const std::string& what, size_t n, const char* name, std::vector<int64_t>& out) {
+std::string readSizes(Cursor& c, Name what, size_t n, const char* name, std::vector<int64_t>& out) {
   out.resize(n);
-  if (!c.read(out.data(), 8 * n)) return "truncated " + std::string(name) + "s of " + what;
+  if (!c.read(out.data(), 8 * n)) return "truncated " + std::string(name) + "s of " + what.str();
   for (int64_t s : out) {
-    if (s < 0) return what + " has a negative " + name + " " + std::to_string(s);
+    if (s < 0) return what.str() + " has a negative " + name + " " + std::to_string(s);
   }
   return "";
 }
 
 // The rest of a strided buffer's descriptor, after its header.
-std::string readBuffer(Cursor& c, const Header& h, const std::string& what, BufferSpec& spec) {
+std::string readBuffer(Cursor& c, const Header& h, Name what, BufferSpec& spec) {
   if (h.code != static_cast<uint8_t>(Code::kStrided)) {
-    return what + " has layout code " + std::to_string(h.code) + " where a strided tensor belongs";
+    return what.str() + " has layout code " + std::to_string(h.code) + " where a strided tensor belongs";
   }
-  if ((h.flags & ~(kLent | kStrides)) != 0) return what + " has unknown flags 0x" + c10::str(std::hex, h.flags);
+  if ((h.flags & ~(kLent | kStrides)) != 0) return what.str() + " has unknown flags 0x" + c10::str(std::hex, h.flags);
   spec.dtype = static_cast<c10::ScalarType>(h.dtype);
   const uint64_t elem = c10::elementSize(spec.dtype);
   if (std::string e = readSizes(c, what, h.ndim, "size", spec.sizes); !e.empty()) return e;
   uint64_t numel = 1;
   for (int64_t s : spec.sizes) {
     if (!mulWithin(numel, static_cast<uint64_t>(s), kMaxTensorBytes / elem, numel)) {
-      return what + " is larger than the 1 TB limit";
+      return what.str() + " is larger than the 1 TB limit";
     }
   }
   uint64_t expect = numel * elem;
   if (h.flags & kStrides) {
     if (std::string e = readSizes(c, what, h.ndim, "stride", spec.strides); !e.empty()) return e;
-    if (numel == 0) return what + " is empty but has strides";
+    if (numel == 0) return what.str() + " is empty but has strides";
     const uint64_t cap = kMaxTensorBytes / elem;
     uint64_t span = 1;  // elements from the first to the last, inclusive
     for (size_t i = 0; i < spec.sizes.size(); ++i) {
       uint64_t reach = 0;
       if (!mulWithin(static_cast<uint64_t>(spec.sizes[i] - 1), static_cast<uint64_t>(spec.strides[i]), cap, reach) ||
           (span += reach) > cap) {
-        return what + "'s strides span more than the 1 TB limit";
+        return what.str() + "'s strides span more than the 1 TB limit";
       }
     }
     expect = span * elem;
   }
-  if (!c.read(&spec.nbytes, 8)) return "truncated byte count of " + what;
+  if (!c.read(&spec.nbytes, 8)) return "truncated byte count of " + what.str();
   if (spec.nbytes != expect) {
-    return what + " claims " + std::to_string(spec.nbytes) + " bytes but its sizes, strides and dtype " +
+    return what.str() + " claims " + std::to_string(spec.nbytes) + " bytes but its sizes, strides and dtype " +
            std::string(c10::toString(spec.dtype)) + " need " + std::to_string(expect);
   }
   spec.address = 0;
   if (h.flags & kLent) {
-    if (!c.read(&spec.address, 8)) return "truncated address of lent " + what;
+    if (!c.read(&spec.address, 8)) return "truncated address of lent " + what.str();
     if (spec.address == 0 || spec.nbytes == 0) {
-      return "lent " + what + " has no memory to copy (address " + std::to_string(spec.address) + ", " +
+      return "lent " + what.str() + " has no memory to copy (address " + std::to_string(spec.address) + ", " +
              std::to_string(spec.nbytes) + " bytes)";
     }
   }
@@ -263,7 +276,7 @@ bool supportedDtype(c10::ScalarType t) {
 
 void encodeTensor(const at::Tensor& t, size_t index, uint64_t lendFrom, std::string& desc,
                   std::vector<Buffer>& buffers, std::vector<Buffer>& lent) {
-  const std::string what = "tensor #" + std::to_string(index);
+  const Name what{index, nullptr};
   TORCH_CHECK(t.defined(), what, " of the message is undefined");
   TORCH_CHECK(t.device().is_cpu(), "torchrpc sends CPU tensors only; ", what, " is on ", t.device(),
               ". Move it with .cpu() before the call.");
@@ -285,14 +298,14 @@ void encodeTensor(const at::Tensor& t, size_t index, uint64_t lendFrom, std::str
   appendHeader(desc, s.scalar_type(), s.dim(), coalesced ? kCoalesced : 0, code);
   for (int64_t v : s.sizes()) appendPod(desc, v);
   for (size_t k = 0; k < parts.size(); ++k) {
-    encodeStrided(parts[k], std::string(componentName(code, k)) + " of " + what, lendFrom, desc, buffers, lent);
+    encodeStrided(parts[k], Name{index, componentName(code, k)}, lendFrom, desc, buffers, lent);
   }
 }
 
 std::string parseTensor(const char*& p, const char* end, size_t index, TensorSpec& tensor,
                         std::vector<BufferSpec>& buffers) {
   Cursor c(p, end);
-  const std::string what = "tensor #" + std::to_string(index);
+  const Name what{index, nullptr};
   Header h;
   if (std::string e = readHeader(c, what, h); !e.empty()) return e;
   tensor.code = static_cast<Code>(h.code);
@@ -305,18 +318,18 @@ std::string parseTensor(const char*& p, const char* end, size_t index, TensorSpe
     return readBuffer(c, h, what, buffers.back());
   }
   const uint16_t allowed = tensor.code == Code::kSparseCoo ? kCoalesced : 0;
-  if ((h.flags & ~allowed) != 0) return what + " has unknown flags 0x" + c10::str(std::hex, h.flags);
+  if ((h.flags & ~allowed) != 0) return what.str() + " has unknown flags 0x" + c10::str(std::hex, h.flags);
   tensor.coalesced = (h.flags & kCoalesced) != 0;
   if (std::string e = readSizes(c, what, h.ndim, "size", tensor.sizes); !e.empty()) return e;
   uint64_t numel = 1;
   for (int64_t s : tensor.sizes) {
     if (!mulWithin(numel, static_cast<uint64_t>(s), std::numeric_limits<int64_t>::max(), numel)) {
-      return what + " has more elements than an int64 counts";
+      return what.str() + " has more elements than an int64 counts";
     }
   }
   tensor.numBuffers = numComponents(tensor.code);
   for (size_t k = 0; k < tensor.numBuffers; ++k) {
-    const std::string part = std::string(componentName(tensor.code, k)) + " of " + what;
+    const Name part{index, componentName(tensor.code, k)};
     Header ph;
     if (std::string e = readHeader(c, part, ph); !e.empty()) return e;
     buffers.emplace_back();
@@ -325,13 +338,13 @@ std::string parseTensor(const char*& p, const char* end, size_t index, TensorSpe
   const BufferSpec* parts = &buffers[tensor.firstBuffer];
   const BufferSpec& values = parts[tensor.numBuffers - 1];
   if (values.dtype != tensor.dtype) {
-    return "values of " + what + " are " + c10::toString(values.dtype) + "; its descriptor says " +
+    return "values of " + what.str() + " are " + c10::toString(values.dtype) + "; its descriptor says " +
            c10::toString(tensor.dtype);
   }
   if (tensor.code == Code::kSparseCoo) {
-    if (parts[0].dtype != c10::kLong) return "indices of " + what + " are not int64";
+    if (parts[0].dtype != c10::kLong) return "indices of " + what.str() + " are not int64";
   } else if (parts[0].dtype != parts[1].dtype || (parts[0].dtype != c10::kInt && parts[0].dtype != c10::kLong)) {
-    return "indices of " + what + " are not both int32 or both int64";
+    return "indices of " + what.str() + " are not both int32 or both int64";
   }
   return "";
 }
