@@ -12,6 +12,7 @@ import struct
 import pytest
 import torch
 
+from tests.multiprocess.layout_funcs import components
 from tests.unit.test_wire import HEADER, MAGIC, SCRIPT_RET, frame, parse, parse_with_lent
 
 VERSION = 3  # message/wire.h kWireVersion
@@ -114,14 +115,6 @@ SPARSE = {
     "bsr": lambda: dense().to_sparse_bsr((2, 2)),
     "bsc": lambda: dense().to_sparse_bsc((3, 2)),
 }
-
-
-def components(t):
-    if t.layout == torch.sparse_coo:
-        return [t._indices(), t._values()]
-    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
-        return [t.crow_indices(), t.col_indices(), t.values()]
-    return [t.ccol_indices(), t.row_indices(), t.values()]
 
 
 @pytest.mark.parametrize("make", SPARSE.values(), ids=SPARSE.keys())
