@@ -3,7 +3,6 @@
 #include <ATen/ops/_sparse_compressed_tensor_unsafe.h>
 #include <ATen/ops/_sparse_coo_tensor_unsafe.h>
 #include <ATen/ops/_validate_sparse_compressed_tensor_args.h>
-#include <ATen/ops/_validate_sparse_coo_tensor_args.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/ScalarType.h>
 
@@ -98,12 +97,44 @@ bool components(const at::Tensor& t, Code& code, std::vector<at::Tensor>& parts)
   }
 }
 
-// torch's own checks of a sparse tensor's components; throws c10::Error.
+// The invariants of a COO tensor, as torch's _validate_sparse_coo_tensor_args
+// states them, checked in one pass over the indices: torch's own check took
+// 100 µs for a 2-entry tensor (400 µs with is_coalesced), more than a call.
+// Throws c10::Error.
+void checkCoo(const at::Tensor& indices, const at::Tensor& values, c10::IntArrayRef sizes, bool coalesced) {
+  TORCH_CHECK(indices.scalar_type() == c10::kLong, "indices must be int64, got ", indices.scalar_type());
+  TORCH_CHECK(indices.dim() == 2, "indices must be sparse_dim x nnz, but got: ", indices.sizes());
+  TORCH_CHECK(values.dim() >= 1, "values must have a dimension of nnz entries, but got: ", values.sizes());
+  const int64_t sparseDim = indices.size(0), nnz = indices.size(1), denseDim = values.dim() - 1;
+  TORCH_CHECK(values.size(0) == nnz, "indices and values must have same nnz, but got nnz from indices: ", nnz,
+              ", nnz from values: ", values.size(0));
+  TORCH_CHECK(static_cast<int64_t>(sizes.size()) == sparseDim + denseDim, "number of dimensions must be sparse_dim (",
+              sparseDim, ") + dense_dim (", denseDim, "), but got ", sizes.size());
+  TORCH_CHECK(values.sizes().slice(1) == sizes.slice(sparseDim), "values has incorrect size, expected ",
+              sizes.slice(sparseDim), ", got ", values.sizes().slice(1));
+  const at::Tensor idx = indices.contiguous();
+  const int64_t* p = idx.const_data_ptr<int64_t>();
+  for (int64_t d = 0; d < sparseDim; ++d) {
+    for (int64_t k = 0; k < nnz; ++k) {
+      const int64_t v = p[d * nnz + k];
+      TORCH_CHECK(v >= 0 && v < sizes[d], "size is inconsistent with indices: for dim ", d, ", size is ", sizes[d],
+                  " but found index ", v);
+    }
+  }
+  // Coalesced: the entries' index tuples strictly increase (sorted, no duplicates).
+  for (int64_t k = 1; coalesced && k < nnz; ++k) {
+    int64_t d = 0;
+    while (d < sparseDim && p[d * nnz + k] == p[d * nnz + k - 1]) ++d;
+    TORCH_CHECK(d < sparseDim && p[d * nnz + k] > p[d * nnz + k - 1],
+                "cannot set is_coalesced to true if indices correspond to uncoalesced COO tensor (entry ", k, ")");
+  }
+}
+
+// The invariants of a sparse tensor's components; throws c10::Error.
 void validateSparse(Code code, c10::IntArrayRef sizes, const std::vector<at::Tensor>& parts, bool coalesced) {
   if (code == Code::kSparseCoo) {
-    TORCH_CHECK(parts[0].scalar_type() == c10::kLong, "indices must be int64, got ", parts[0].scalar_type());
-    at::_validate_sparse_coo_tensor_args(parts[0], parts[1], sizes, coalesced);
-  } else {
+    checkCoo(parts[0], parts[1], sizes, coalesced);
+  } else {  // rare over RPC: torch's own check (36 µs for a small CSR tensor)
     at::_validate_sparse_compressed_tensor_args(parts[0], parts[1], parts[2], sizes, torchLayout(code));
   }
 }

@@ -196,6 +196,15 @@ def sparse_frame(*args, **kw):
     return hand_frame([desc], buffers)
 
 
+def test_the_coalesced_flag_is_checked_as_torch_orders_entries():
+    # row-major order of the index tuples, strictly increasing; a hybrid tensor's dense part aside
+    ok = sparse_frame(COO, FLOAT, [3, 3, 2], [(LONG, [2, 3], longs(0, 1, 1, 2, 0, 1)), (FLOAT, [3, 2], floats(*range(6)))],
+                      flags=COALESCED)
+    [got] = parse(ok)[0][0][3]
+    assert got.is_coalesced() and torch.equal(got.to_dense(), got.coalesce().to_dense())
+    torch._validate_sparse_coo_tensor_args(got._indices(), got._values(), got.shape, True)
+
+
 def test_hand_built_sparse_frames_parse():
     # the builders above speak the format: a COO and a CSR tensor
     [got] = parse(sparse_frame(COO, FLOAT, [2, 3], [(LONG, [2, 2], longs(0, 1, 2, 0)), (FLOAT, [2], floats(1, 2))]))[0][0][3]
@@ -213,6 +222,9 @@ BAD_SPARSE = {
     "falsely coalesced": (sparse_frame(COO, FLOAT, [2, 3], [(LONG, [2, 2], longs(1, 0, 0, 0)),
                                                             (FLOAT, [2], floats(1, 2))], flags=COALESCED),
                           "uncoalesced"),
+    "duplicate entries claimed coalesced": (sparse_frame(COO, FLOAT, [2, 3], [(LONG, [2, 2], longs(1, 1, 2, 2)),
+                                                                              (FLOAT, [2], floats(1, 2))],
+                                                         flags=COALESCED), "uncoalesced"),
     "nnz mismatch": (sparse_frame(COO, FLOAT, [2, 3], [(LONG, [2, 2], longs(0, 1, 0, 0)), (FLOAT, [1], floats(1))]),
                      "is not a valid torch.sparse_coo tensor"),
     "1-d indices": (sparse_frame(COO, FLOAT, [3], [(LONG, [1], longs(0)), (FLOAT, [1], floats(1))]),
