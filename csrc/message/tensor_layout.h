@@ -15,9 +15,12 @@
 // Sparse tensors (COO, CSR, CSC, BSR, BSC) travel as their components,
 // never densified: COO as indices and values (and whether it is coalesced),
 // the compressed layouts as compressed indices, plain indices and values.
-// Both ends run torch's own invariant checks on the components (sender:
-// a clear error at the call; receiver: a peer cannot make this process hold
-// an invalid sparse tensor, which torch would not check again).
+// Both ends check the components against torch's invariants for the layout
+// (index bounds, shapes, compressed-index order, coalescing as claimed):
+// the sender, for a clear error at the call; the receiver, so a peer cannot
+// make this process hold an invalid sparse tensor, which torch would not
+// check again. COO is checked in one pass here (torch's own check costs more
+// than a call); the compressed layouts by torch's check.
 //
 // Threads: pure functions, any thread.
 
