@@ -18,6 +18,7 @@
 #include "common/spin.h"
 #include "jit_ops/script_rref.h"
 #include "message/receive_buffers.h"
+#include "message/tensor_layout.h"
 #include "optim/optimizer.h"
 #include "profiling/profiler.h"
 #include "python_fallback/call_messages.h"
@@ -162,9 +163,7 @@ struct OutgoingMessage {
 bool sendMayWait(const Agent& agent, int dst, const Message& m) {
   constexpr uint64_t kSmall = 1u << 20;
   uint64_t bytes = m.payload.size();
-  for (const auto& t : m.tensors) {
-    if (t.layout() == c10::kStrided) bytes += t.nbytes();  // others: the wire refuses them, clearly
-  }
+  for (const auto& t : m.tensors) bytes += torchrpc::message::layout::wireBytes(t);
   return bytes > kSmall || !agent.sendsAtOnce(dst, bytes);
 }
 

@@ -1,10 +1,8 @@
 #include "message/wire.h"
 
-#include <ATen/ops/empty.h>
-#include <c10/core/ScalarType.h>
-
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "message/receive_buffers.h"
 
@@ -46,34 +44,8 @@ const char* messageTypeName(MessageType t) {
 
 namespace {
 
-// The tensor a received one is read into: large ones from the cache of
-// receive buffers (receive_buffers.h).
-at::Tensor emptyForReceive(const std::vector<int64_t>& sizes, c10::ScalarType dtype, uint64_t nbytes) {
-  if (nbytes >= receive_buffers::kMinBytes) return receive_buffers::empty(sizes, dtype, nbytes);
-  return at::empty(sizes, at::TensorOptions().dtype(dtype));
-}
-
 bool knownMessageType(uint16_t t) {
   return std::string(messageTypeName(static_cast<MessageType>(t))) != "UNKNOWN";
-}
-
-// The dtypes that may travel. Anything else (quantized, bits, undefined) is
-// rejected on both ends.
-bool supportedDtype(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::Byte: case c10::ScalarType::Char:
-    case c10::ScalarType::Short: case c10::ScalarType::Int:
-    case c10::ScalarType::Long: case c10::ScalarType::Half:
-    case c10::ScalarType::Float: case c10::ScalarType::Double:
-    case c10::ScalarType::ComplexHalf: case c10::ScalarType::ComplexFloat:
-    case c10::ScalarType::ComplexDouble: case c10::ScalarType::Bool:
-    case c10::ScalarType::BFloat16: case c10::ScalarType::UInt16:
-    case c10::ScalarType::UInt32: case c10::ScalarType::UInt64:
-    case c10::ScalarType::Float8_e5m2: case c10::ScalarType::Float8_e4m3fn:
-      return true;
-    default:
-      return false;
-  }
 }
 
 template <typename T>
@@ -85,9 +57,7 @@ void appendPod(std::string& out, const T& v) {
 
 uint64_t OutgoingFrame::totalBytes() const {
   uint64_t n = prefix.size();
-  for (const auto& t : tensors) {
-    n += t.nbytes();
-  }
+  for (const auto& b : buffers) n += b.bytes;
   return n;
 }
 
@@ -105,55 +75,26 @@ int OutgoingFrame::fillIov(uint64_t offset, struct iovec* iov, int maxIov) const
     ++used;
   };
   add(prefix.data(), prefix.size());
-  for (const auto& t : tensors) {
-    add(static_cast<const char*>(t.data_ptr()), t.nbytes());
-  }
+  for (const auto& b : buffers) add(b.data, b.bytes);
   return used;
 }
 
 OutgoingFrame encodeFrame(Message&& message, uint64_t lendFrom) {
   OutgoingFrame frame;
   std::string desc;
-  frame.tensors.reserve(message.tensors.size());
+  frame.buffers.reserve(message.tensors.size());
   TORCH_CHECK(message.tensors.size() <= kMaxTensorsPerFrame,
               "a message may carry at most ", kMaxTensorsPerFrame,
               " tensors; got ", message.tensors.size());
   for (size_t i = 0; i < message.tensors.size(); ++i) {
-    const at::Tensor& t = message.tensors[i];
-    TORCH_CHECK(t.defined(), "tensor #", i, " of the message is undefined");
-    TORCH_CHECK(t.device().is_cpu(),
-                "torchrpc sends CPU tensors only; tensor #", i, " is on ",
-                t.device(), ". Move it with .cpu() before the call.");
-    TORCH_CHECK(t.layout() == c10::kStrided,
-                "torchrpc sends dense (strided) tensors only; tensor #", i,
-                " has layout ", t.layout(), ". Convert it with .to_dense().");
-    TORCH_CHECK(supportedDtype(t.scalar_type()),
-                "torchrpc cannot send tensors of dtype ", t.scalar_type(),
-                " (tensor #", i, ")");
-    TORCH_CHECK(static_cast<uint32_t>(t.dim()) <= kMaxTensorDims,
-                "tensor #", i, " has ", t.dim(), " dimensions; at most ",
-                kMaxTensorDims, " are supported");
-    at::Tensor c = t.detach().contiguous();
-    const bool lend = lendFrom > 0 && c.nbytes() >= lendFrom;
-    appendPod(desc, static_cast<uint8_t>(c.scalar_type()));
-    appendPod(desc, static_cast<uint8_t>(c.dim()));
-    appendPod(desc, static_cast<uint16_t>(lend ? kTensorLent : 0));
-    appendPod(desc, static_cast<uint32_t>(0));
-    for (int64_t s : c.sizes()) {
-      appendPod(desc, s);
-    }
-    appendPod(desc, static_cast<uint64_t>(c.nbytes()));
-    if (lend) {
-      appendPod(desc, reinterpret_cast<uint64_t>(c.data_ptr()));
-      frame.lent.push_back(std::move(c));
-    } else {
-      frame.tensors.push_back(std::move(c));
-    }
+    layout::encodeTensor(message.tensors[i], i, lendFrom, desc, frame.buffers, frame.lent);
   }
   TORCH_CHECK(message.payload.size() <= kMaxPayloadBytes,
               "the pickled part of a message is ", message.payload.size(),
               " bytes; the limit is ", kMaxPayloadBytes,
               ". Pass large data as tensors, which have no such limit.");
+  TORCH_CHECK(desc.size() <= std::numeric_limits<uint32_t>::max(), "the message's ", message.tensors.size(),
+              " tensors need ", desc.size(), " bytes of descriptors; the limit is 4 GB");
   FrameHeader h{};
   h.magic = kFrameMagic;
   h.version = kWireVersion;
@@ -167,6 +108,22 @@ OutgoingFrame encodeFrame(Message&& message, uint64_t lendFrom) {
   frame.prefix.append(message.payload);
   frame.prefix.append(desc);
   return frame;
+}
+
+std::string assembleTensors(ReceivedFrame& frame) {
+  auto& tensors = frame.message.tensors;
+  tensors.resize(frame.tensorSpecs.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    std::string why = layout::assemble(frame.tensorSpecs[i], frame.bufferSpecs, frame.buffers, i, tensors[i]);
+    if (!why.empty()) {
+      tensors.clear();
+      return why;
+    }
+  }
+  frame.buffers.clear();
+  frame.bufferSpecs.clear();
+  frame.tensorSpecs.clear();
+  return "";
 }
 
 // ---- FrameReader -----------------------------------------------------------
@@ -204,8 +161,8 @@ bool FrameReader::startPrefix() {
          std::to_string(kMaxTensorsPerFrame));
     return false;
   }
-  uint64_t minDesc = 16ull * h.numTensors;
-  uint64_t maxDesc = (24ull + 8ull * kMaxTensorDims) * h.numTensors;  // a lent one has an address
+  uint64_t minDesc = 16ull * h.numTensors;  // a contiguous scalar: header and nbytes
+  uint64_t maxDesc = layout::kMaxDescriptorBytes * h.numTensors;
   if (h.descLen < minDesc || h.descLen > maxDesc) {
     fail("descriptor length " + std::to_string(h.descLen) + " does not fit " +
          std::to_string(h.numTensors) + " tensors");
@@ -218,8 +175,6 @@ bool FrameReader::startPrefix() {
   current_ = ReceivedFrame{};
   current_.message.type = static_cast<MessageType>(h.type);
   current_.message.id = h.id;
-  lent_.clear();
-  specs_.clear();
   prefix_.clear();
   // Grows as bytes arrive: a declared length reserves nothing up front.
   prefix_.reserve(std::min<uint64_t>(h.payloadLen + h.descLen, kPrefixReserveBytes));
@@ -231,96 +186,36 @@ bool FrameReader::startPrefix() {
 bool FrameReader::parseDescriptors() {
   const char* p = prefix_.data() + header_.payloadLen;
   const char* end = prefix_.data() + prefix_.size();
-  auto need = [&](size_t n) { return static_cast<size_t>(end - p) >= n; };
-  current_.message.tensors.reserve(header_.numTensors);
-  specs_.reserve(header_.numTensors);
-  lent_.assign(header_.numTensors, false);
+  auto& buffers = current_.bufferSpecs;
+  current_.tensorSpecs.resize(header_.numTensors);
+  buffers.reserve(header_.numTensors);
   uint64_t frameBytes = header_.payloadLen + header_.descLen;
   for (uint32_t i = 0; i < header_.numTensors; ++i) {
-    if (!need(8)) {
-      fail("truncated descriptor of tensor #" + std::to_string(i));
+    const size_t first = buffers.size();
+    std::string why = layout::parseTensor(p, end, i, current_.tensorSpecs[i], buffers);
+    if (!why.empty()) {
+      fail(std::move(why));
       return false;
     }
-    uint8_t dtype = static_cast<uint8_t>(p[0]);
-    uint8_t ndim = static_cast<uint8_t>(p[1]);
-    uint16_t flags;
-    std::memcpy(&flags, p + 2, 2);
-    p += 8;
-    if ((flags & ~kTensorLent) != 0) {
-      fail("tensor #" + std::to_string(i) + " has unknown flags 0x" + c10::str(std::hex, flags));
-      return false;
-    }
-    if (dtype >= static_cast<uint8_t>(c10::ScalarType::NumOptions) ||
-        !supportedDtype(static_cast<c10::ScalarType>(dtype))) {
-      fail("tensor #" + std::to_string(i) + " has unsupported dtype code " +
-           std::to_string(dtype));
-      return false;
-    }
-    if (ndim > kMaxTensorDims) {
-      fail("tensor #" + std::to_string(i) + " claims " + std::to_string(ndim) +
-           " dimensions; the limit is " + std::to_string(kMaxTensorDims));
-      return false;
-    }
-    if (!need(8ull * ndim + 8)) {
-      fail("truncated sizes of tensor #" + std::to_string(i));
-      return false;
-    }
-    std::vector<int64_t> sizes(ndim);
-    std::memcpy(sizes.data(), p, 8ull * ndim);
-    p += 8ull * ndim;
-    uint64_t nbytes;
-    std::memcpy(&nbytes, p, 8);
-    p += 8;
-    auto st = static_cast<c10::ScalarType>(dtype);
-    uint64_t numel = 1;
-    for (int64_t s : sizes) {
-      if (s < 0) {
-        fail("tensor #" + std::to_string(i) + " has a negative size " + std::to_string(s));
+    for (size_t k = first; k < buffers.size(); ++k) {
+      frameBytes += buffers[k].nbytes;
+      if (frameBytes > maxFrameBytes_) {
+        failOverCap(frameBytes);
         return false;
       }
-      if (s != 0 && numel > kMaxTensorBytes / static_cast<uint64_t>(s)) {
-        fail("tensor #" + std::to_string(i) + " is larger than the 1 TB limit");
-        return false;
-      }
-      numel *= static_cast<uint64_t>(s);
     }
-    uint64_t expect = numel * c10::elementSize(st);
-    if (expect > kMaxTensorBytes || nbytes != expect) {
-      fail("tensor #" + std::to_string(i) + " claims " + std::to_string(nbytes) +
-           " bytes but its sizes and dtype " + std::string(c10::toString(st)) +
-           " need " + std::to_string(expect));
-      return false;
-    }
-    frameBytes += nbytes;
-    if (frameBytes > maxFrameBytes_) {
-      failOverCap(frameBytes);
-      return false;
-    }
-    if (flags & kTensorLent) {
-      if (!need(8)) {
-        fail("truncated address of lent tensor #" + std::to_string(i));
-        return false;
-      }
-      uint64_t address;
-      std::memcpy(&address, p, 8);
-      p += 8;
-      if (address == 0 || nbytes == 0) {
-        fail("lent tensor #" + std::to_string(i) + " has no memory to copy (address " +
-             std::to_string(address) + ", " + std::to_string(nbytes) + " bytes)");
-        return false;
-      }
-      current_.lent.push_back({i, address});
-      lent_[i] = true;
-    }
-    // Memory is taken when the tensor's bytes start to arrive (allocate());
-    // a lent one is copied as soon as the frame is complete.
-    specs_.push_back({std::move(sizes), st, nbytes});
-    current_.message.tensors.emplace_back();
-    if (lent_[i] && !allocate(i)) return false;
   }
   if (p != end) {
     fail("descriptor section has " + std::to_string(end - p) + " trailing bytes");
     return false;
+  }
+  // Memory is taken when a buffer's bytes start to arrive (allocate()); a
+  // lent one is copied as soon as the frame is complete.
+  current_.buffers.resize(buffers.size());
+  for (size_t k = 0; k < buffers.size(); ++k) {
+    if (buffers[k].address == 0) continue;
+    current_.lent.push_back({k, buffers[k].address});
+    if (!allocate(k)) return false;
   }
   current_.message.payload.assign(prefix_.data(), header_.payloadLen);
   prefix_.clear();
@@ -335,34 +230,40 @@ void FrameReader::failOverCap(uint64_t declared) {
 }
 
 bool FrameReader::allocate(size_t index) {
-  at::Tensor& t = current_.message.tensors[index];
+  at::Tensor& t = current_.buffers[index];
   if (t.defined()) return true;
-  const TensorSpec& spec = specs_[index];
+  const layout::BufferSpec& spec = current_.bufferSpecs[index];
   try {
-    t = emptyForReceive(spec.sizes, spec.dtype, spec.nbytes);
+    t = layout::allocate(spec);
   } catch (const std::exception& e) {
-    fail("cannot allocate " + std::to_string(spec.nbytes) + " bytes for tensor #" + std::to_string(index) +
+    fail("cannot allocate " + std::to_string(spec.nbytes) + " bytes for buffer #" + std::to_string(index) +
          " of frame #" + std::to_string(header_.id) + ": " + e.what());
     return false;
   }
   return true;
 }
 
-void FrameReader::finishTensorOrFrame() {
-  // Skip tensors that are complete (including empty and lent ones).
-  auto& tensors = current_.message.tensors;
-  while (tensorIndex_ < tensors.size() && (lent_[tensorIndex_] || filled_ >= specs_[tensorIndex_].nbytes)) {
-    if (!lent_[tensorIndex_] && !allocate(tensorIndex_)) return;  // an empty one
-    ++tensorIndex_;
+void FrameReader::finishBufferOrFrame() {
+  // Skip buffers that are complete (including empty and lent ones).
+  const auto& specs = current_.bufferSpecs;
+  while (bufferIndex_ < specs.size() && (specs[bufferIndex_].address != 0 || filled_ >= specs[bufferIndex_].nbytes)) {
+    if (!allocate(bufferIndex_)) return;  // an empty or lent one is allocated already
+    ++bufferIndex_;
     filled_ = 0;
   }
-  if (tensorIndex_ == tensors.size()) {
-    done_.push_back(std::move(current_));
-    current_ = ReceivedFrame{};
-    state_ = State::kHeader;
-    filled_ = 0;
-    tensorIndex_ = 0;
+  if (bufferIndex_ < specs.size()) return;
+  if (current_.lent.empty()) {
+    std::string why = assembleTensors(current_);
+    if (!why.empty()) {
+      fail("frame #" + std::to_string(header_.id) + ": " + why);
+      return;
+    }
   }
+  done_.push_back(std::move(current_));
+  current_ = ReceivedFrame{};
+  state_ = State::kHeader;
+  filled_ = 0;
+  bufferIndex_ = 0;
 }
 
 size_t FrameReader::consume(const char* data, size_t len) {
@@ -377,10 +278,10 @@ size_t FrameReader::consume(const char* data, size_t len) {
         if (filled_ == sizeof(FrameHeader)) {
           if (!startPrefix()) return used;
           if (header_.payloadLen + header_.descLen == 0) {
-            state_ = State::kTensors;
-            tensorIndex_ = 0;
+            state_ = State::kBuffers;
+            bufferIndex_ = 0;
             filled_ = 0;
-            finishTensorOrFrame();
+            finishBufferOrFrame();
           }
         }
         break;
@@ -392,21 +293,21 @@ size_t FrameReader::consume(const char* data, size_t len) {
         used += n;
         if (prefix_.size() == want) {
           if (!parseDescriptors()) return used;
-          state_ = State::kTensors;
-          tensorIndex_ = 0;
+          state_ = State::kBuffers;
+          bufferIndex_ = 0;
           filled_ = 0;
-          finishTensorOrFrame();
+          finishBufferOrFrame();
         }
         break;
       }
-      case State::kTensors: {
-        if (!allocate(tensorIndex_)) return used;
-        at::Tensor& t = current_.message.tensors[tensorIndex_];
-        size_t n = std::min<uint64_t>(len - used, t.nbytes() - filled_);
-        std::memcpy(static_cast<char*>(t.data_ptr()) + filled_, data + used, n);
+      case State::kBuffers: {
+        if (!allocate(bufferIndex_)) return used;
+        char* buffer = static_cast<char*>(current_.buffers[bufferIndex_].data_ptr());
+        size_t n = std::min<uint64_t>(len - used, current_.bufferSpecs[bufferIndex_].nbytes - filled_);
+        std::memcpy(buffer + filled_, data + used, n);
         filled_ += n;
         used += n;
-        finishTensorOrFrame();
+        finishBufferOrFrame();
         break;
       }
     }
@@ -415,22 +316,22 @@ size_t FrameReader::consume(const char* data, size_t len) {
 }
 
 std::optional<std::pair<char*, size_t>> FrameReader::directReadRegion() {
-  if (state_ != State::kTensors || !error_.empty()) {
+  if (state_ != State::kBuffers || !error_.empty()) {
     return std::nullopt;
   }
-  if (!allocate(tensorIndex_)) return std::nullopt;
-  at::Tensor& t = current_.message.tensors[tensorIndex_];
+  if (!allocate(bufferIndex_)) return std::nullopt;
+  const uint64_t nbytes = current_.bufferSpecs[bufferIndex_].nbytes;
   // One window at a time, its pages faulted in just before the read: memory
   // is populated as the bytes arrive, never for what a peer only declared.
-  char* begin = static_cast<char*>(t.data_ptr()) + filled_;
-  size_t n = static_cast<size_t>(std::min<uint64_t>(t.nbytes() - filled_, kDirectReadWindowBytes));
-  if (t.nbytes() >= receive_buffers::kMinBytes) receive_buffers::populate(begin, n);
+  char* begin = static_cast<char*>(current_.buffers[bufferIndex_].data_ptr()) + filled_;
+  size_t n = static_cast<size_t>(std::min<uint64_t>(nbytes - filled_, kDirectReadWindowBytes));
+  if (nbytes >= receive_buffers::kMinBytes) receive_buffers::populate(begin, n);
   return std::make_pair(begin, n);
 }
 
 void FrameReader::commitDirectRead(size_t n) {
   filled_ += n;
-  finishTensorOrFrame();
+  finishBufferOrFrame();
 }
 
 std::vector<ReceivedFrame> FrameReader::takeFrames() {

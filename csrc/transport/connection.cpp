@@ -218,7 +218,7 @@ common::Error Connection::onLendFrame(const message::Message& m) {
                                               " frames; " + std::to_string(lent_.size()) + " were lent");
     }
     for (; frames > 0; --frames) {
-      for (const auto& t : lent_.front()) lentBytes_ -= t.nbytes();
+      for (const auto& b : lent_.front()) lentBytes_ -= b.bytes;
       lent_.pop_front();
     }
     drained_.notify_all();
@@ -229,14 +229,15 @@ common::Error Connection::onLendFrame(const message::Message& m) {
 common::Error Connection::copyLent(message::ReceivedFrame& frame) {
   if (peerPid_ < 0) return common::Error(common::Error::Code::kInvalid, "the peer lent a tensor without a verified same-host offer");
   for (const message::LentTensor& l : frame.lent) {
-    at::Tensor& t = frame.message.tensors[l.index];
-    if (t.nbytes() >= message::receive_buffers::kMinBytes) {
-      message::receive_buffers::populate(static_cast<char*>(t.data_ptr()), t.nbytes());
-    }
-    if (common::Error err = same_host::copy(peerPid_, l.address, t.data_ptr(), t.nbytes())) {
-      return common::Error(err.code(), "could not copy lent tensor #" + std::to_string(l.index) + ": " + err.what());
+    char* data = static_cast<char*>(frame.buffers[l.index].data_ptr());
+    const uint64_t bytes = frame.bufferSpecs[l.index].nbytes;
+    if (bytes >= message::receive_buffers::kMinBytes) message::receive_buffers::populate(data, bytes);
+    if (common::Error err = same_host::copy(peerPid_, l.address, data, bytes)) {
+      return common::Error(err.code(), "could not copy lent buffer #" + std::to_string(l.index) + ": " + err.what());
     }
   }
+  std::string why = message::assembleTensors(frame);
+  if (!why.empty()) return common::Error(common::Error::Code::kInvalid, "malformed frame: " + why);
   return common::Error();
 }
 
@@ -297,8 +298,8 @@ common::Error Connection::send(message::Message&& message, std::chrono::steady_c
   }
   p.total = p.frame.totalBytes();
   uint64_t declared = p.frame.prefix.size() - sizeof(message::FrameHeader);
-  for (const auto& t : p.frame.tensors) declared += t.nbytes();
-  for (const auto& t : p.frame.lent) declared += t.nbytes();
+  for (const auto& b : p.frame.buffers) declared += b.bytes;
+  for (const auto& b : p.frame.lent) declared += b.bytes;
   if (declared > limits_.maxFrameBytes) {
     // The peer would close the connection on it (assuming the job's workers
     // share their options): refuse it here, as the sender's mistake.
@@ -314,7 +315,7 @@ common::Error Connection::send(message::Message&& message, std::chrono::steady_c
     // Silence counts from the first request awaiting a response, not from the last idle exchange.
     if (request && awaiting_.fetch_add(1) <= 0) heard();
     if (!p.frame.lent.empty()) {  // before the frame is written: the peer releases it after
-      for (const auto& t : p.frame.lent) lentBytes_ += t.nbytes();
+      for (const auto& b : p.frame.lent) lentBytes_ += b.bytes;
       lent_.push_back(std::move(p.frame.lent));
     }
     queue_.push_back(std::move(p));

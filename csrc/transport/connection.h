@@ -212,7 +212,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Same-host copy (same_host.h).
   bool offered_{false};                    // set in start(): a Unix socket, lending on: we offered
   std::atomic<uint64_t> lendFrom_{0};      // > 0 once the peer accepted our offer
-  std::deque<std::vector<at::Tensor>> lent_;  // per lent frame, oldest first; mutex_
+  std::deque<std::vector<message::layout::Buffer>> lent_;  // per lent frame, oldest first; mutex_
   uint64_t lentBytes_{0};                  // mutex_
   int peerPid_{-1};                        // loop thread only: the peer's verified pid (== credPid_)
 

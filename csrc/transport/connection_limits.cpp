@@ -15,7 +15,7 @@ namespace {
 
 uint64_t messageBytes(const message::Message& m) {
   uint64_t bytes = m.payload.size();
-  for (const auto& t : m.tensors) bytes += t.nbytes();
+  for (const auto& t : m.tensors) bytes += message::layout::wireBytes(t);
   return bytes;
 }
 

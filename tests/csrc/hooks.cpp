@@ -40,7 +40,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         torchrpc::message::Message msg{static_cast<torchrpc::message::MessageType>(type), id, std::string(payload), std::move(tensors)};
         torchrpc::message::OutgoingFrame f = torchrpc::message::encodeFrame(std::move(msg), lendFrom);
         std::string out = f.prefix;
-        for (const auto& t : f.tensors) out.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
+        for (const auto& b : f.buffers) out.append(b.data, b.bytes);
         return py::bytes(out);
       },
       py::arg("type"), py::arg("id"), py::arg("payload"), py::arg("tensors"), py::arg("lend_from") = 0);
@@ -62,6 +62,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     }
     py::list messages;
     for (auto& f : reader.takeFrames()) {
+      // Lent buffers are copied from their address in this process, as the
+      // transport copies them from the sender's: the test keeps the tensors
+      // it sent alive.
+      if (!f.lent.empty()) {
+        for (const auto& l : f.lent) {
+          std::memcpy(f.buffers[l.index].data_ptr(), reinterpret_cast<const void*>(l.address),
+                      f.bufferSpecs[l.index].nbytes);
+        }
+        std::string why = torchrpc::message::assembleTensors(f);
+        TORCH_CHECK(why.empty(), "cannot assemble a lent frame: ", why);
+      }
       const auto& msg = f.message;
       py::list lent;
       for (const auto& l : f.lent) lent.append(py::make_tuple(l.index, l.address));

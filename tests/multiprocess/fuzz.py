@@ -22,9 +22,14 @@ import time
 from tests.multiprocess import raw_peer
 
 MAGIC = 0x43505254  # message/wire.h kFrameMagic
-VERSION = 2  # kWireVersion
+VERSION = 3  # kWireVersion
 HEADER = struct.Struct("<IHHQQII")  # magic, version, type, id, payloadLen, numTensors, descLen
-DESC = struct.Struct("<BBHI")  # dtype, ndim, flags, 0; then sizes, nbytes (and address if lent)
+# dtype, ndim, flags, layout code, 3 zero bytes; then as wire.h says: a strided
+# tensor's sizes, strides (flags & STRIDES), nbytes, address (flags & LENT); a
+# sparse one's sizes and its components' descriptors
+DESC = struct.Struct("<BBHB3x")
+LENT, STRIDES, COALESCED = 1, 2, 4
+STRIDED, SPARSE_COO, SPARSE_CSR = 0, 1, 2  # ... CSC 3, BSR 4, BSC 5
 
 # message/message_type.h
 TYPES = {
@@ -44,16 +49,50 @@ def header(type_, id_, payload_len, num_tensors=0, desc_len=0, magic=MAGIC, vers
     return HEADER.pack(magic, version, type_, id_, payload_len, num_tensors, desc_len)
 
 
-def descriptor(dtype, sizes, nbytes):
-    return DESC.pack(DTYPE_CODES[dtype], len(sizes), 0, 0) + struct.pack(f"<{len(sizes)}q", *sizes) + \
-        struct.pack("<Q", nbytes)
+def descriptor(dtype, sizes, nbytes, strides=None):
+    """A strided tensor's descriptor (contiguous without strides)."""
+    flags = 0 if strides is None else STRIDES
+    return DESC.pack(DTYPE_CODES[dtype], len(sizes), flags, STRIDED) + struct.pack(f"<{len(sizes)}q", *sizes) + \
+        struct.pack(f"<{len(strides or [])}q", *(strides or [])) + struct.pack("<Q", nbytes)
 
 
 def frame(type_, id_, payload, tensors=()):
-    """A frame; tensors are (dtype name, sizes, data bytes)."""
-    desc = b"".join(descriptor(dtype, sizes, len(data)) for dtype, sizes, data in tensors)
+    """A frame; tensors are (dtype name, sizes, data bytes) of contiguous
+    tensors, or (descriptor, [buffer bytes]) as _tensor() makes them."""
+    described = [t if len(t) == 2 else (descriptor(t[0], t[1], len(t[2])), [t[2]]) for t in tensors]
+    desc = b"".join(d for d, _ in described)
     return header(type_, id_, len(payload), len(tensors), len(desc)) + payload + desc + \
-        b"".join(data for _, _, data in tensors)
+        b"".join(b for _, buffers in described for b in buffers)
+
+
+def _buffers(desc, pos, end, num_tensors):
+    """(nbytes, lent) of each buffer the descriptors in desc[pos:end] declare; None if they cannot be read."""
+    out = []
+
+    def strided(pos, header):
+        _, ndim, flags, _ = header
+        pos += 8 * ndim * (2 if flags & STRIDES else 1)
+        if pos + 8 > end:
+            return None
+        out.append((struct.unpack_from("<Q", desc, pos)[0], bool(flags & LENT)))
+        return pos + 8 + (8 if flags & LENT else 0)
+
+    for _ in range(num_tensors):
+        if pos + DESC.size > end:
+            return None
+        h = DESC.unpack_from(desc, pos)
+        pos += DESC.size
+        if h[3] == STRIDED:
+            pos = strided(pos, h)
+        else:
+            pos += 8 * h[1]
+            for _ in range(2 if h[3] == SPARSE_COO else 3):
+                if pos is None or pos + DESC.size > end:
+                    return None
+                pos = strided(pos + DESC.size, DESC.unpack_from(desc, pos))
+        if pos is None:
+            return None
+    return out
 
 
 def declared_length(data):
@@ -66,31 +105,17 @@ def declared_length(data):
     end = pos + desc_len
     if end > len(data):
         return None
-    tensor_bytes = 0
-    for _ in range(num_tensors):
-        if pos + DESC.size > end:
-            return None
-        _, ndim, flags, _ = DESC.unpack_from(data, pos)
-        pos += DESC.size + 8 * ndim
-        if pos + 8 > end:
-            return None
-        tensor_bytes += struct.unpack_from("<Q", data, pos)[0] if not flags else 0
-        pos += 8 + (8 if flags else 0)
-    return end + tensor_bytes
+    buffers = _buffers(data, pos, end, num_tensors)
+    return None if buffers is None else end + sum(n for n, lent in buffers if not lent)
 
 
 def read_frame(sock):
     """(type, id, payload) of the next frame the worker sends; its tensors are read and dropped."""
-    type_, id_, payload_len, _, desc_len = _unpack_header(raw_peer.recv_exactly(sock, HEADER.size))
+    type_, id_, payload_len, num_tensors, desc_len = _unpack_header(raw_peer.recv_exactly(sock, HEADER.size))
     payload = raw_peer.recv_exactly(sock, payload_len)
     desc = raw_peer.recv_exactly(sock, desc_len)
-    pos = 0
-    while pos < len(desc):
-        _, ndim, flags, _ = DESC.unpack_from(desc, pos)
-        pos += DESC.size + 8 * ndim
-        nbytes = struct.unpack_from("<Q", desc, pos)[0]
-        pos += 8 + (8 if flags else 0)
-        raw_peer.recv_exactly(sock, 0 if flags else nbytes)
+    for nbytes, lent in _buffers(desc, 0, len(desc), num_tensors):
+        raw_peer.recv_exactly(sock, 0 if lent else nbytes)
     return type_, id_, payload
 
 
@@ -139,8 +164,26 @@ def script_call(id_, name, args):
 
 
 def _tensor(t):
-    t = t.contiguous()
-    return str(t.dtype).removeprefix("torch."), list(t.shape), t.numpy().tobytes()
+    """(descriptor, [buffers]) of a tensor as the wire sends it: a strided one
+    as the span of its storage with its strides, a sparse one as its components."""
+    import torch
+
+    if t.layout == torch.sparse_coo:
+        parts, code, flags = [t._indices(), t._values()], SPARSE_COO, COALESCED if t.is_coalesced() else 0
+    elif t.layout == torch.sparse_csr:
+        parts, code, flags = [t.crow_indices(), t.col_indices(), t.values()], SPARSE_CSR, 0
+    else:
+        dtype = str(t.dtype).removeprefix("torch.")
+        if t.is_contiguous():
+            return descriptor(dtype, list(t.shape), t.nbytes), [t.numpy().tobytes()]
+        span = (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
+        start = t.storage_offset() * t.element_size()
+        data = bytes(t.untyped_storage())[start:start + span]
+        return descriptor(dtype, list(t.shape), span, strides=list(t.stride())), [data]
+    described = [_tensor(p) for p in parts]
+    desc = DESC.pack(DTYPE_CODES[str(t.dtype).removeprefix("torch.")], t.dim(), flags, code) + \
+        struct.pack(f"<{t.dim()}q", *t.shape) + b"".join(d for d, _ in described)
+    return desc, [b for _, buffers in described for b in buffers]
 
 
 def _ids(*ids):
@@ -166,6 +209,11 @@ def seed_frames(me, python_call, python_object):
     a, b = torch.arange(4, dtype=torch.float32), torch.ones(4)
     script, script_tensors = jit_pickle(("tests.add", "", (a, b), {}, None))
     builtin, builtin_tensors = jit_pickle(("aten::add.Tensor", (a, b, 1)))
+    # layouts (tensor_layout.h): sparse COO and CSR arguments, a transposed one
+    sparse = torch.tensor([[0.0, 2.0], [3.0, 0.0]])
+    coo, coo_tensors = jit_pickle(("aten::add.Tensor", (sparse.to_sparse(), sparse.to_sparse(), 1)))
+    csr, csr_tensors = jit_pickle(("aten::add.Tensor", (sparse.to_sparse_csr(), sparse.to_sparse_csr(), 1)))
+    transposed = torch.arange(6.0).reshape(2, 3).t()
     # counters above 2**55: torch's unpickler reads Python's LONG1 only with 8 bytes
     rref, fork, child = (me, 1 << 60), (me, (1 << 60) + 1), (me, (1 << 60) + 2)
     method, _ = jit_pickle((me, 1 << 60, "bump", (2,), {}))
@@ -193,11 +241,14 @@ def seed_frames(me, python_call, python_object):
         ("AUTOGRAD_BACKWARD", frame(T["AUTOGRAD_BACKWARD"], 12, backward, [_tensor(a)])),
         ("AUTOGRAD_PASS_DONE", frame(T["AUTOGRAD_PASS_DONE"], 13, pass_done)),
         ("AUTOGRAD_CLEANUP", frame(T["AUTOGRAD_CLEANUP"], 14, struct.pack("<q", 7))),
+        ("BUILTIN_CALL", frame(T["BUILTIN_CALL"], 15, coo, coo_tensors)),
+        ("BUILTIN_CALL", frame(T["BUILTIN_CALL"], 16, csr, csr_tensors)),
+        ("SCRIPT_CALL", script_call(17, "tests.add", (transposed, transposed))),
         # responses to nothing, and the connection's own frames
-        ("SCRIPT_RET", frame(T["SCRIPT_RET"], 15, ret, ret_tensors)),
-        ("PYTHON_RET", frame(T["PYTHON_RET"], 16, pickle.dumps(3))),
-        ("EXCEPTION", frame(T["EXCEPTION"], 17, exc)),
-        ("AUTOGRAD_RET", frame(T["AUTOGRAD_RET"], 18, _autograd_envelope(T["SCRIPT_RET"], 7, ret_tensors) + ret,
+        ("SCRIPT_RET", frame(T["SCRIPT_RET"], 18, ret, ret_tensors)),
+        ("PYTHON_RET", frame(T["PYTHON_RET"], 19, pickle.dumps(3))),
+        ("EXCEPTION", frame(T["EXCEPTION"], 20, exc)),
+        ("AUTOGRAD_RET", frame(T["AUTOGRAD_RET"], 21, _autograd_envelope(T["SCRIPT_RET"], 7, ret_tensors) + ret,
                                ret_tensors)),
         ("LEND_OFFER", frame(T["LEND_OFFER"], 0, struct.pack("<i", 1) + b"/proc/self/mem")),
         ("LEND_ACCEPT", frame(T["LEND_ACCEPT"], 0, b"")),
@@ -266,15 +317,29 @@ def _random_descriptors(rng, data):
         return data
     type_, id_, payload_len = HEADER.unpack_from(data)[2:5]
     payload = data[HEADER.size:HEADER.size + payload_len]
+    def sizes(ndim):
+        return [rng.choice([0, 1, 3, 1 << 20, -1, 1 << 40, rng.randrange(1 << 63)]) for _ in range(ndim)]
+
+    def strided():
+        ndim = rng.choice([0, 1, 2, 3, 64, 65, 255])
+        flags = rng.choice([0, 0, LENT, STRIDES, STRIDES, LENT | STRIDES, COALESCED, 8])
+        d = DESC.pack(rng.choice([0, 3, 4, 6, 11, 12, 40, 255]), ndim, flags, rng.choice([STRIDED] * 6 + [1, 2, 9]))
+        d += struct.pack(f"<{ndim}q", *sizes(ndim))
+        if flags & STRIDES:
+            d += struct.pack(f"<{ndim}q", *[rng.choice([0, 1, 2, -1, 1 << 62]) for _ in range(ndim)])
+        d += struct.pack("<Q", rng.choice([0, 4, 16, 1 << 30, rng.randrange(1 << 64)]))
+        if flags & LENT or rng.random() < 0.1:
+            d += struct.pack("<Q", rng.randrange(1 << 64))  # an address, as a lent tensor's
+        return d
+
     descs = []
     for _ in range(rng.randint(1, 4)):
-        ndim = rng.choice([0, 1, 2, 3, 64, 65, 255])
-        sizes = [rng.choice([0, 1, 3, 1 << 20, -1, 1 << 40, rng.randrange(1 << 63)]) for _ in range(ndim)]
-        d = struct.pack("<BBHI", rng.choice([0, 4, 6, 11, 12, 40, 255]), ndim, rng.choice([0, 0, 1, 2]), 0)
-        d += struct.pack(f"<{ndim}q", *sizes) + struct.pack("<Q", rng.choice([0, 4, 16, 1 << 30, rng.randrange(1 << 64)]))
-        if rng.random() < 0.2:
-            d += struct.pack("<Q", rng.randrange(1 << 64))  # an address, as a lent tensor's
-        descs.append(d)
+        if rng.random() < 0.7:
+            descs.append(strided())
+            continue
+        ndim = rng.choice([0, 1, 2, 3, 65])
+        d = DESC.pack(rng.choice([4, 6, 40]), ndim, rng.choice([0, COALESCED, 1]), rng.choice([1, 2, 3, 4, 5, 6]))
+        descs.append(d + struct.pack(f"<{ndim}q", *sizes(ndim)) + b"".join(strided() for _ in range(rng.randint(1, 3))))
     desc = b"".join(descs)
     body = payload + desc + bytes(rng.randrange(64))
     return header(type_, id_, len(payload), len(descs), len(desc)) + body

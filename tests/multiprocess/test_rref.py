@@ -273,13 +273,13 @@ def test_user_sends_its_rref_to_the_owner_and_drops_it_at_once():
 
 
 def test_a_call_that_cannot_be_sent_holds_no_rref():
-    # The sparse tensor is refused while sending, after the RRef was forked
+    # The MKL-DNN tensor is refused while sending, after the RRef was forked
     # into the pickle: the forks are undone, nothing waits for an answer.
     rref = rpc.remote("worker1", rref_funcs.Tracked, args=(unique("unsent"), 1))
     rref.to_here()
-    sparse = torch.eye(2).to_sparse()
-    for send in (lambda to: rpc.rpc_sync(to, rref_funcs.rref_info, args=(rref, sparse)),
-                 lambda to: rpc.remote(to, rref_funcs.rref_info, args=(rref, sparse))):
+    unsendable = torch.ones(2, 2).to_mkldnn()
+    for send in (lambda to: rpc.rpc_sync(to, rref_funcs.rref_info, args=(rref, unsendable)),
+                 lambda to: rpc.remote(to, rref_funcs.rref_info, args=(rref, unsendable))):
         for to in ("worker1", "worker2"):  # the owner (answered fork) and another user
             with pytest.raises(ValueError, match="layout"):
                 send(to)

@@ -1,4 +1,5 @@
 """The frame format and its parser (csrc/message/wire.*), through test hooks.
+How each tensor layout travels (tensor_layout.*): test_tensor_layout.py.
 
 Every malformed input must yield an error for that stream (never a crash, a
 hang or an allocation driven by an unchecked length).
@@ -61,18 +62,6 @@ def test_any_chunking_gives_the_same_messages(chunk):
     for got, want in zip(messages[0][3], ts):
         assert got.shape == want.shape and torch.equal(got, want)
     assert messages[2][2] == b"x" * 1000
-
-
-def test_views_and_non_contiguous_send_only_their_elements():
-    base = torch.arange(1000.0)
-    view = base[10:20]
-    strided = torch.arange(24.0).reshape(4, 6).t()
-    plain = frame(b"", [torch.arange(10.0)])
-    assert len(frame(b"", [view])) == len(plain)  # not the 1000-element storage
-    messages, error, _ = parse(frame(b"", [view, strided]))
-    assert error == ""
-    assert torch.equal(messages[0][3][0], view) and torch.equal(messages[0][3][1], strided)
-    assert messages[0][3][1].is_contiguous()
 
 
 def test_truncated_frame_is_incomplete_not_an_error():
@@ -141,8 +130,8 @@ def rss_bytes():
 
 def declare_float_tensor(numel, id_=7):
     """A frame's header and descriptor for one float32 tensor of numel elements (no data)."""
-    desc = struct.pack("<BBHIqQ", 6, 1, 0, 0, numel, numel * 4)  # float32, 1 dim, no flags
-    return HEADER.pack(MAGIC, 2, SCRIPT_RET, id_, 0, 1, len(desc)) + desc
+    desc = struct.pack("<BBHB3xqQ", 6, 1, 0, 0, numel, numel * 4)  # float32, 1 dim, no flags, strided
+    return HEADER.pack(MAGIC, 3, SCRIPT_RET, id_, 0, 1, len(desc)) + desc
 
 
 def test_a_declared_tensor_costs_memory_only_as_its_bytes_arrive():
@@ -179,8 +168,11 @@ def test_good_frames_before_a_bad_one_are_delivered():
 
 
 def test_unsupported_tensors_are_refused_on_send():
-    with pytest.raises(RuntimeError, match="dense"):
-        frame(b"", [torch.eye(3).to_sparse()])
+    # Layouts and dtypes (tests/unit/test_tensor_layout.py has what travels).
+    with pytest.raises(RuntimeError, match="tensor #1: its layout .* is neither strided nor sparse"):
+        frame(b"", [torch.ones(2), torch.ones(2, 2).to_mkldnn()])
+    with pytest.raises(RuntimeError, match="cannot send tensors of dtype Float8_e4m3fnuz"):
+        frame(b"", [torch.empty(2, dtype=torch.float8_e4m3fnuz)])
 
 
 def test_large_received_tensors_reuse_freed_memory_never_live_memory():
