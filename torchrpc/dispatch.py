@@ -15,7 +15,7 @@ import functools
 
 import torch
 
-from torchrpc import constants, errors, functions, python_fallback, shipped_code, state
+from torchrpc import callables, constants, errors, functions, python_fallback, shipped_code, state
 from torchrpc._extension import native
 from torchrpc.invocation import Invocation
 
@@ -191,7 +191,7 @@ class _Python(_Callee):
         if session.options.script_only:
             # Its result would come back pickled, which this worker refuses to unpickle.
             raise errors.CalleePolicyError(
-                f"{call_kind} of {python_fallback.function_name(self.target)!r} refused on {session.me.name}: "
+                f"{call_kind} of {callables.function_name(self.target)!r} refused on {session.me.name}: "
                 "it is not TorchScript, so it would travel as a pickle and its result come back as one, and "
                 f"{session.me.name} runs with RpcOptions(script_only=True), which sends and takes no pickle; "
                 "decorate it with @torch.jit.script or call a builtin"

@@ -1,6 +1,7 @@
 """The Python fallback: calls of plain Python callables.
 
-Caller side: the callable is pickled with cloudpickle; the bytes are hashed,
+Caller side: the callable is pickled (torchrpc.callables: by reference or
+with cloudpickle); the bytes are hashed,
 and once a peer has received a function, later calls send only its hash.
 Functions that pickle by reference (importable module-level functions) are
 pickled once and cached; closures and lambdas are pickled on every call, so
@@ -25,11 +26,9 @@ a plain result comes back as an IValue.
 
 import collections
 import copyreg
-import hashlib
 import importlib
 import io
 import pickle
-import sys
 import threading
 import traceback
 import types
@@ -37,11 +36,10 @@ import types
 import cloudpickle
 import torch
 
-from torchrpc import errors, functions, log, state
+from torchrpc import callables, errors, functions, log, state
 
 
 _lock = threading.Lock()
-_by_reference_cache = {}  # function -> (hash, bytes)
 _sent = set()  # (peer rank, hash) pairs the peer has received in full
 _received = {}  # hash -> function (callee side)
 _MAX_RECEIVED = 4096
@@ -194,81 +192,16 @@ def loads(data, tensors):
 
 # ---- caller side -------------------------------------------------------------
 
-def function_name(fn):
-    name = getattr(fn, "__qualname__", None) or getattr(type(fn), "__qualname__", None) or repr(fn)
-    module = getattr(fn, "__module__", None)
-    return f"{module}.{name}" if module and module != "__main__" else name
-
-
-def _module_level(fn):
-    """Whether fn is reachable as module.qualname (so it pickles by name)."""
-    module = getattr(fn, "__module__", None)
-    qualname = getattr(fn, "__qualname__", None)
-    if not module or not qualname or "<" in qualname:
-        return False
-    obj = sys.modules.get(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part, None)
-    # A classmethod (bound to its class) is a new object at each lookup.
-    return obj is fn or (isinstance(fn, types.MethodType) and isinstance(fn.__self__, type) and obj == fn)
-
-
-class _MainReference:
-    """A function of the caller's ``__main__`` script. Every worker of a job
-    usually runs the same script, so, as torch.distributed.rpc does, the
-    callee uses its own ``__main__``'s function of that name (and its
-    globals, e.g. a server object the script made). A callee running another
-    program falls back to the pickled copy."""
-
-    def __init__(self, qualname, by_value):
-        self.qualname = qualname
-        self.by_value = by_value
-
-    def resolve(self):
-        obj = sys.modules.get("__main__")
-        for part in self.qualname.split("."):
-            obj = getattr(obj, part, None)
-        return obj if callable(obj) else cloudpickle.loads(self.by_value)
-
-
-def _pickle_function(fn):
-    by_name = _module_level(fn)
-    if by_name:
-        with _lock:
-            cached = _by_reference_cache.get(fn)
-        if cached is not None:
-            return cached
-    try:
-        if by_name and isinstance(fn, types.MethodType) and fn.__module__ != "__main__":
-            # By reference, as getattr(cls, name): cloudpickle would copy the function by value.
-            data = pickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
-        else:
-            data = cloudpickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
-        if by_name and fn.__module__ == "__main__":
-            data = cloudpickle.dumps(_MainReference(fn.__qualname__, data), protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as err:
-        raise TypeError(
-            f"cannot send {function_name(fn)!r}: it is not TorchScript, so torchrpc pickled it "
-            f"with cloudpickle, which failed: {err}. Decorate it with @torch.jit.script, or "
-            "make the objects it captures picklable."
-        ) from err
-    entry = (hashlib.blake2b(data, digest_size=16).digest(), data)
-    if by_name:
-        with _lock:
-            _by_reference_cache[fn] = entry
-    return entry
-
-
 def encode_call(fn, dst_rank, args, kwargs, force_full=False, request=True):
     """Returns (payload, tensors, name, forks) for a call of fn on dst_rank.
     `request`: the answer to this message proves the callee decoded it (an
     rpc_sync/rpc_async call; not remote(), whose answer may come first)."""
-    digest, data = _pickle_function(fn)
+    digest, data = callables.pickle_function(fn)
     key = (dst_rank, digest)
     with _lock:
         full = force_full or key not in _sent
         _sent.add(key)
-    name = function_name(fn)
+    name = callables.function_name(fn)
     try:
         payload, tensors, forks = dumps((digest, data if full else None, name, args, kwargs),
                                         dst_rank if request else -1)
@@ -321,17 +254,6 @@ def _pickling_error(err, message):
 def _error(exc, name):
     tb = "".join(traceback.format_exception(exc))
     return ("err", _qualified_type(exc), str(exc), tb, name)
-
-
-def _load_function(data, name):
-    try:
-        fn = cloudpickle.loads(data)
-    except AttributeError as err:  # pickled by reference; the callee's module lacks it
-        raise errors.FunctionNotOnCalleeError(
-            f"{name!r} cannot be loaded here: {err}. The RPC pickler does not serialize the function code "
-            "of a function its module defines, only its name: define or import the same function on the "
-            "callee") from err
-    return fn.resolve() if isinstance(fn, _MainReference) else fn
 
 
 def _stateless(fn):
@@ -464,7 +386,7 @@ def _run(payload, tensors):
     try:
         digest, data, name, args, kwargs = loads(payload, tensors)
         if data is not None:
-            fn = _load_function(data, name)
+            fn = callables.load_function(data, name)
             with _lock:
                 if len(_received) >= _MAX_RECEIVED:
                     _received.pop(next(iter(_received)))
@@ -475,7 +397,7 @@ def _run(payload, tensors):
             if fn is None:
                 return ("err", errors.UnknownFunctionError.REMOTE_TYPE, f"function {name!r} is not cached here", "", name)
             if isinstance(fn, bytes):
-                fn = _load_function(fn, name)
+                fn = callables.load_function(fn, name)
         why = _function_refusal(fn)
         if why is not None:
             return ("err", errors.CalleePolicyError.REMOTE_TYPE, why, "", name)
