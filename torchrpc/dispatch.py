@@ -172,7 +172,10 @@ class _Builtin(_Callee):
     __slots__ = ()
 
     def build(self, call_kind, dst, args, kwargs, remote, again):
-        message, schema_name = native().builtin_message(self.target, args, kwargs)
+        try:
+            message, schema_name = native().builtin_message(self.target, args, kwargs)
+        except TypeError as err:  # no overload takes the arguments
+            raise errors.ScriptArgumentError(str(err)) from None
         return message, schema_name, ()
 
 

@@ -74,8 +74,8 @@ class InvalidWorkerNameError(RpcError, ValueError):
 
 
 class ScriptArgumentError(RpcError, TypeError):
-    """A call's arguments do not match its TorchScript function's schema
-    (upstream raises RuntimeError "f() expected at most ...")."""
+    """A call's arguments do not match its TorchScript function's or its
+    builtin operator's schema (upstream raises RuntimeError)."""
 
 
 class NotInitializedError(RpcError):

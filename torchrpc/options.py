@@ -202,17 +202,16 @@ class RpcOptions(RpcBackendOptions):
     @classmethod
     def coerce(cls, options, backend=None):
         """Returns RpcOptions for None, an RpcOptions, or an upstream options
-        object; the base RpcBackendOptions only with a `backend`."""
+        object; refuses our base RpcBackendOptions, which names no backend."""
         if options is None:
             return cls()
         if isinstance(options, cls):
             return options
-        if backend is None and isinstance(options, RpcBackendOptions):
-            raise TypeError(
-                f"Could not infer backend for options {type(options).__name__}: init_rpc(rpc_backend_options=...) "
-                "takes torchrpc.RpcOptions (alias TensorPipeRpcBackendOptions), or other options together "
-                "with backend=torchrpc.BackendType.TENSORPIPE"
-            )
+        if isinstance(options, RpcBackendOptions):  # the base class names no backend's options
+            why = (f"Could not infer backend for options {type(options).__name__}" if backend is None else
+                   f"`rpc_backend_options` must be a `TensorPipeRpcBackendOptions`; got {type(options).__name__}")
+            raise TypeError(f"{why}: init_rpc(rpc_backend_options=...) takes torchrpc.RpcOptions (alias "
+                            "TensorPipeRpcBackendOptions)")
         known = {f: getattr(options, f) for f in ("num_worker_threads", "rpc_timeout", "init_method",
                                                   "device_maps", "devices")
                  if hasattr(options, f)}

@@ -118,10 +118,13 @@ void Pending::sweep() {
     lock.unlock();
     char secs[32];
     std::snprintf(secs, sizeof(secs), "%.3g", call.timeoutSeconds);
+    char ms[32];
+    std::snprintf(ms, sizeof(ms), "%.0f", call.timeoutSeconds * 1000.0);
     call.future->setErrorIfNeeded(common::makeRpcError(
         common::ErrorKind::kTimeout,
         call.description + " timed out after " + secs +
-            " s (set by the timeout= argument, or RpcOptions.rpc_timeout by default)"));
+            " s (set by the timeout= argument, or RpcOptions.rpc_timeout by default): RPC ran for more than "
+            "set timeout (" + ms + " ms) and will now be marked with an error"));
     lock.lock();
   }
 }

@@ -128,7 +128,8 @@ message::Message builtinCallMessage(const std::string& opName, const py::tuple& 
       return std::move(*message);
     }
   }
-  throw py::type_error("no overload of builtin '" + opName + "' accepts these arguments; the candidates said:" +
+  throw py::type_error("no overload of builtin '" + opName + "' accepts these arguments (Overloaded torch operator "
+                       "invoked from Python failed to match any schema); the candidates said:" +
                        errors);
 }
 

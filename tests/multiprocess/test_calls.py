@@ -378,6 +378,17 @@ def test_bad_destination(to, exc, match):
             rpc.get_worker_info(to) if isinstance(to, str) else rpc.remote(to, funcs.pid)
 
 
+def test_builtin_arguments_no_overload_takes():
+    for cls in (TypeError, RuntimeError):  # ours, and upstream's class with its phrase
+        with pytest.raises(cls, match="Overloaded torch operator invoked from Python failed to match any schema"):
+            rpc.rpc_sync("worker1", torch.add, args=())
+
+
+def test_timeouts_say_upstreams_phrase():
+    with pytest.raises(rpc.RpcTimeoutError, match=r"RPC ran for more than set timeout \(200 ms\)"):
+        rpc.rpc_sync("worker1", funcs.sleep, args=(1.0,), timeout=0.2)
+
+
 def test_wait_all_stops_at_the_first_error():
     # The errors are errors of the C++ futures, as upstream's: torch.futures.wait_all
     # (collect_all) raises the first one while another call still runs.

@@ -123,6 +123,9 @@ def test_options_that_name_no_backend_need_one():
 
     with pytest.raises(TypeError, match="Could not infer backend for options FooOptions"):
         torchrpc.init_rpc("worker0", rank=0, world_size=1, rpc_backend_options=FooOptions())
+    with pytest.raises(TypeError, match="`rpc_backend_options` must be a `TensorPipeRpcBackendOptions`"):
+        torchrpc.init_rpc("worker0", backend=torchrpc.BackendType.TENSORPIPE, rank=0, world_size=1,
+                          rpc_backend_options=FooOptions())
     with pytest.raises(TypeError, match="Argument rpc_backend_options must be an instance of RpcBackendOptions"):
         torchrpc.init_rpc("worker0", rank=0, world_size=1, rpc_backend_options={"init_method": "env://"})
 
