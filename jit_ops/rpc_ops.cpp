@@ -122,6 +122,7 @@ TORCH_LIBRARY(torchrpc, m) {
             c10::AliasAnalysisKind::CONSERVATIVE),
         torch::CppFunction::makeFromBoxedFunction<rpcSync>());
   defineRemoteOp(m);
+  defineAutogradOps(m);
 }
 
 }  // namespace torchrpc::jit_ops

@@ -68,5 +68,7 @@ agent::Agent::FuturePtr namedScriptCall(agent::Agent& agent, const std::string& 
 // torchrpc::remote (remote.cpp); called from the TORCH_LIBRARY block after
 // the RRef class is defined, since its schema names the class.
 void defineRemoteOp(torch::Library& m);
+// torchrpc::get_gradients and torchrpc::dist_backward (autograd_ops.cpp).
+void defineAutogradOps(torch::Library& m);
 
 }  // namespace torchrpc::jit_ops

@@ -27,7 +27,7 @@ import numbers
 
 import torch
 
-from torchrpc import errors, state
+from torchrpc import errors, jit_ops, state
 from torchrpc._extension import native
 
 
@@ -115,3 +115,8 @@ def _current_context_id():
 def _live_contexts():
     """Ids of the contexts this worker still holds (for tests and debugging)."""
     return sorted(native().autograd_live_contexts())
+
+
+# Inside TorchScript, backward and get_gradients compile to torchrpc's ops.
+jit_ops.bind(backward, jit_ops.dist_backward)
+jit_ops.bind(get_gradients, jit_ops.get_gradients)

@@ -1,7 +1,8 @@
 """torchrpc's calls inside TorchScript.
 
 Inside ``@torch.jit.script`` code, :func:`torchrpc.rpc_sync`,
-:func:`torchrpc.rpc_async` and :func:`torchrpc.remote` compile to the script
+:func:`torchrpc.rpc_async`, :func:`torchrpc.remote`,
+:func:`torchrpc.autograd.backward` and :func:`torchrpc.autograd.get_gradients` compile to the script
 functions below (the eager function is the key of torch's script cache), which
 call the ops of ``jit_ops/`` in libtorchrpc with the callee's name:
 
@@ -15,7 +16,7 @@ a line that says what to do (the tests check that the two agree).
 """
 
 import warnings
-from typing import Any
+from typing import Any, Dict, List
 
 import torch
 
@@ -37,6 +38,14 @@ def rpc_async(to: str, func: str, args: Any = None, kwargs: Any = None,
 def remote(to: str, func: str, args: Any = None, kwargs: Any = None,
            timeout: float = -1.0) -> "torch.classes.torchrpc.RRef":
     return torch.ops.torchrpc.remote(to, func, args, kwargs, timeout, "torchrpc is not loaded: import torchrpc (Python) or load libtorchrpc.so (C++)")
+
+
+def get_gradients(context_id: int) -> Dict[torch.Tensor, torch.Tensor]:
+    return torch.ops.torchrpc.get_gradients(context_id)
+
+
+def dist_backward(context_id: int, roots: List[torch.Tensor], retain_graph: bool = False) -> None:
+    torch.ops.torchrpc.dist_backward(context_id, roots, retain_graph)
 
 
 def bind(eager, script_fn):

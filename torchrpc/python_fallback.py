@@ -89,6 +89,10 @@ class _Pickler(pickle.Pickler):
             return (len(self._tensors) - 1, kind is torch.nn.Parameter, obj.requires_grad)
         if isinstance(obj, torch.jit.ScriptFunction):
             return ("script", *script_reference(obj))  # the receiver resolves it by name
+        if isinstance(obj, torch.jit.ScriptModule):  # its code and state, as torch.jit.save writes them
+            buffer = io.BytesIO()
+            torch.jit.save(obj, buffer)
+            return ("module", buffer.getvalue())
         if kind is torch.ScriptObject:  # a TorchScript RRef travels as the RRef
             obj = _python_face(obj)
             kind = type(obj)
@@ -129,6 +133,8 @@ class _Unpickler(pickle.Unpickler):
     def persistent_load(self, pid):
         if pid[0] == "ref":
             return pid[1](pid[2])  # e.g. torchrpc.rref._receive(fork)
+        if pid[0] == "module":
+            return torch.jit.load(io.BytesIO(pid[1]))
         if pid[0] == "script":
             try:
                 fn = resolve_script(pid[1], pid[2])

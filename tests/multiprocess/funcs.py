@@ -514,3 +514,25 @@ def call_missing_function(caller):
 def worker_names():
     """The names of the workers this worker knows now (a dynamic job's change)."""
     return [w.name for w in rpc.api._get_current_rpc_agent().get_worker_infos()]
+
+
+# ---- TorchScript: distributed autograd, modules through Python calls -------------
+
+
+@torch.jit.script
+def script_backward_and_gradients(context_id: int, loss: torch.Tensor) -> Dict[torch.Tensor, torch.Tensor]:
+    rpc.autograd.backward(context_id, [loss])
+    return rpc.autograd.get_gradients(context_id)
+
+
+class ScaleModule(torch.nn.Module):
+    def __init__(self, factor: float):
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.factor
+
+
+def make_script_module(factor):
+    return torch.jit.script(ScaleModule(factor))

@@ -104,6 +104,22 @@ def test_arguments_that_miss_the_schema_are_a_type_and_runtime_error():
             rpc.remote("worker1", funcs.add, args=(X, X, X))
 
 
+def test_distributed_autograd_from_torchscript():
+    assert "dist_backward" in str(funcs.script_backward_and_gradients.graph)  # as upstream checks
+    x = torch.ones(3, requires_grad=True)
+    with rpc.autograd.context() as ctx:
+        loss = rpc.rpc_sync("worker1", torch.mul, args=(x, 3.0)).sum()
+        grads = funcs.script_backward_and_gradients(ctx, loss)
+    assert list(grads) == [x] and torch.equal(grads[x], torch.full((3,), 3.0))
+
+
+def test_a_script_module_travels_through_a_python_call():
+    module = rpc.rpc_sync("worker1", funcs.make_script_module, args=(2.5,))
+    assert isinstance(module, torch.jit.ScriptModule) and torch.equal(module(X), X * 2.5)
+    rref = rpc.remote("worker1", funcs.make_script_module, args=(4.0,))
+    assert torch.equal(rref.rpc_sync().forward(X), X * 4.0)
+
+
 # ---- @async_execution ----------------------------------------------------------------
 
 def test_async_execution_python_function():
