@@ -25,7 +25,7 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
     :func:`shutdown`; every worker of such a job must omit world_size.
 
     Args:
-        name (str): unique name of this worker: letters, digits, ``_`` and ``-``,
+        name (str): unique name of this worker: letters, digits, ``_``, ``-``, ``.`` and ``:``,
             fewer than 128 characters.
         backend (BackendType): ``None`` (default) or
             ``BackendType.TENSORPIPE`` (torchrpc's or ``torch.distributed.rpc``'s):
