@@ -193,31 +193,19 @@ class RRef:
         return python_fallback.decode_value(value)
 
     def _get_type(self, timeout=constants.UNSET_RPC_TIMEOUT, blocking=True):
-        """The type of the value, asked of the owner once and then remembered
-        (as upstream). ``blocking=False`` returns a Future of it; an error
-        creating the value is raised (or fails that Future) as is."""
-        known = getattr(self, "_type", None)
-        if known is None and not self._handle.is_owner():
-            kind = "rpc_sync" if blocking else "rpc_async"
-            invocation = dispatch.invoke(kind, self.owner(), _rref_typeof_on_owner, (self,), None, timeout)
-            if not blocking:
-                fut = invocation.future()
-                fut.add_done_callback(self._remember_type)
-                return fut
-            known = self._type = invocation.wait()
-        elif known is None:
-            known = self._type = type(self.local_value())
-        if blocking:
-            return known
-        fut = torch.futures.Future()
-        fut.set_result(known)
-        return fut
-
-    def _remember_type(self, fut):
-        try:
-            self._type = fut.value()
-        except Exception:  # creating the value failed: nothing to remember
-            pass
+        """The type of the value, asked of the owner once: later calls return
+        it (``blocking=False``: the same Future) without a call, as upstream.
+        An error creating the value is raised (or fails that Future) as is."""
+        fut = getattr(self, "_type", None)
+        if fut is None:
+            if self._handle.is_owner():
+                fut = _done(type(self.local_value()))
+            else:
+                # rpc_async either way, as upstream (its profiler shows rpc_async#_rref_typeof_on_owner).
+                call = dispatch.invoke("rpc_async", self.owner(), _rref_typeof_on_owner, (self,), None, timeout)
+                fut = _done(call.wait()) if blocking else call.future()
+            self._type = fut
+        return fut.wait() if blocking else fut
 
     def _get_future(self):
         """A Future that completes once the owner answered remote() (the
@@ -316,6 +304,12 @@ def _rref_typeof_on_owner(rref):
     """Runs on the owner: the type of the RRef's value (upstream's name, which
     its profiler shows)."""
     return type(rref.local_value())
+
+
+def _done(value):
+    fut = torch.futures.Future()
+    fut.set_result(value)
+    return fut
 
 
 def _no_value(_):

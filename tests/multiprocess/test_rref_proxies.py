@@ -150,8 +150,8 @@ def test_get_type_asks_the_owner_once(blocking):
 
     obj = rpc.remote("worker1", rref_funcs.Tracked, args=(unique("typed"), 1))
     assert get_type(obj) is rref_funcs.Tracked
-    rpc.rpc_sync("worker1", rref_funcs.Tracked, args=(unique("t2"), 2))  # the answer is remembered:
-    assert obj._type is rref_funcs.Tracked
+    first = obj._get_type(blocking=False)  # remembered: the same future, and no call
+    assert obj._get_type(blocking=False) is first and first.wait() is rref_funcs.Tracked
     assert get_type(rpc.RRef(torch.ones(2))) is torch.Tensor  # the owner's own
     failing = rpc.remote("worker2", funcs.raise_custom, args=("no value, no type",))
     with pytest.raises(funcs.CustomError, match="no value, no type") as caught:
