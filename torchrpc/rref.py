@@ -178,6 +178,9 @@ class RRef:
             Exception: creating the value raised on the owner; re-raised with
                 its type, a message naming the owner, and the owner's traceback.
         """
+        if self._handle.deleted():  # e.g. released by a graceful shutdown
+            raise RuntimeError(f"{self} was released (by shutdown(), or when its owner left): Cannot call "
+                               "to_here() on it after deletion.")
         session = state.require("RRef.to_here()")
         seconds = session.timeout(timeout, "to_here")
         if self._handle.is_owner():

@@ -362,6 +362,9 @@ PYBIND11_MODULE(_C, m) {
              return py::str(static_cast<const rref::UserRRef&>(r).forkId().str());
            })
       .def("confirmed", &rref::RRef::confirmedByOwner)
+      // A user whose one USER_DELETE was sent (dropped, or released at shutdown).
+      .def("deleted",
+           [](const rref::RRef& r) { return !r.isOwner() && static_cast<const rref::UserRRef&>(r).deleted(); })
       // A Call that completes once the value exists (or failed to).
       .def("creation",
            [](const rref::RRef& r) {

@@ -27,3 +27,6 @@ def test_graceful_shutdown_releases_users_and_reports_leaks():
     with pytest.warns(ResourceWarning, match=r"1 owner RRef\(s\).*leaked.*" + f"{fork[3]}:{fork[4]}"):
         job.__exit__(None, None, None)  # raises if a worker did not exit cleanly
     assert "leaked" not in job.log(1)  # worker1 owned only remote_kept, released by us
+    # remote_kept was released by the graceful shutdown: as upstream, it says so
+    with pytest.raises(RuntimeError, match=r"Cannot call to_here\(\) on it after deletion"):
+        remote_kept.to_here()
