@@ -238,7 +238,9 @@ class RRef:
 
     def remote(self, timeout=constants.UNSET_RPC_TIMEOUT):
         """Like :meth:`rpc_sync`, but each method call returns an RRef of its result,
-        owned by this RRef's owner."""
+        owned by this RRef's owner. A method the value's type lacks raises
+        AttributeError at once, as upstream (the first such call asks the
+        owner for the type; see :meth:`_get_type`)."""
         return _Proxy(self, "remote", timeout)
 
     def backward(self, dist_autograd_ctx_id=-1, retain_graph=False):
