@@ -23,10 +23,14 @@ pool without the GIL, and anything else is pickled with cloudpickle and run
 under the callee's GIL.
 """
 
+import contextlib
+import threading
+
 import torch
 
 from torchrpc import constants, dispatch, jit_ops, state
 from torchrpc.lifecycle import init_rpc, shutdown
+from torchrpc.all_gather import _all_gather, _barrier, _wait_all_workers  # noqa: F401  upstream's private helpers
 from torchrpc.rref import RRef
 from torchrpc.state import WorkerInfo, require_initialized
 
@@ -73,6 +77,20 @@ class _CurrentAgent:
     def get_worker_infos(self):
         """Every worker of the job now, by rank."""
         return self._session.worker_infos()
+
+    def get_debug_info(self):
+        """Upstream's agent counters, as strings: ``agent.thread_pool_size``,
+        ``agent.num_pending_requests``, ``agent.num_connections``,
+        ``rref.num_owner_rrefs``, ``rref.num_pending_users``."""
+        session = self._session
+        rrefs = session.rref_ctx.snapshot()
+        return {
+            "agent.thread_pool_size": str(session.options.num_worker_threads),
+            "agent.num_pending_requests": str(session.agent.pending_count()),
+            "agent.num_connections": str(session.agent.connection_count()),
+            "rref.num_owner_rrefs": str(len(rrefs["owner_objects"])),
+            "rref.num_pending_users": str(len(rrefs["pending_users"])),
+        }
 
 
 @require_initialized
@@ -149,7 +167,29 @@ def rpc_async(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIME
         >>> fut.wait()
         tensor([4., 4.])
     """
-    return dispatch.invoke("rpc_async", to, func, args, kwargs, timeout).future()
+    fut = dispatch.invoke("rpc_async", to, func, args, kwargs, timeout).future()
+    futures = getattr(_thread_local_var, "future_list", None)
+    if futures is not None:  # inside `with _wait_all()`
+        futures.append(fut)
+    return fut
+
+
+_thread_local_var = threading.local()
+
+
+@contextlib.contextmanager
+def _wait_all():
+    """Upstream's private helper: waits, at the end of the block, for every
+    rpc_async this thread made in it (``torch.futures.wait_all``: the first
+    error raises)."""
+    _thread_local_var.future_list = []
+    try:
+        yield
+    finally:
+        try:
+            torch.futures.wait_all(_thread_local_var.future_list)
+        finally:
+            del _thread_local_var.future_list
 
 
 @require_initialized

@@ -112,6 +112,59 @@ def _current_context_id():
     return native().autograd_current_context()
 
 
+class DistAutogradContext:
+    """What one worker recorded in a distributed autograd context, as
+    ``torch.distributed.autograd``'s private context objects show it (a
+    snapshot taken when it is retrieved)."""
+
+    def __init__(self, context_id, sends, recvs, workers):
+        self._id, self._sends, self._recvs, self._workers = context_id, sends, recvs, workers
+
+    def _context_id(self):
+        return self._id
+
+    def _send_functions(self):
+        """{id: node}: the send functions (``SendRpcBackward``), in the order they were recorded."""
+        return dict(self._sends)
+
+    def _recv_functions(self):
+        """{id: node}: the receive functions (``RecvRpcBackward``), in the order they were recorded."""
+        return dict(self._recvs)
+
+    def _known_worker_ids(self):
+        """Ranks of the workers this worker sent requests to in the context."""
+        return set(self._workers)
+
+    def __repr__(self):
+        return (f"DistAutogradContext(id={self._id}, sends={len(self._sends)}, recvs={len(self._recvs)}, "
+                f"workers={sorted(self._workers)})")
+
+
+def _retrieve_context(context_id):
+    """The context `context_id` as this worker holds it.
+
+    Raises:
+        RuntimeError: no such context here ("Could not find autograd context with id: ...").
+    """
+    _check_context_id(context_id, "torchrpc.autograd._retrieve_context")
+    sends, recvs, workers = native().autograd_context_graph(_agent("torchrpc.autograd._retrieve_context"),
+                                                            context_id)
+    return DistAutogradContext(context_id, sends, recvs, workers)
+
+
+def _current_context():
+    """This thread's context (see :func:`_retrieve_context`).
+
+    Raises:
+        RuntimeError: the thread is not inside ``with torchrpc.autograd.context()``.
+    """
+    context_id = _current_context_id()
+    if context_id == -1:
+        raise RuntimeError("this thread has no distributed autograd context (Current thread doesn't have a "
+                           "valid autograd context): call this inside `with torchrpc.autograd.context()`")
+    return _retrieve_context(context_id)
+
+
 def _live_contexts():
     """Ids of the contexts this worker still holds (for tests and debugging)."""
     return sorted(native().autograd_live_contexts())

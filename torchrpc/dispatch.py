@@ -184,10 +184,19 @@ class _Python(_Callee):
     callee has it; resent in full if the callee lost it. remote() always
     sends the whole function: the owner keeps no resend path."""
 
-    __slots__ = ()
+    __slots__ = ("unconfirmed",)
     takes_script_values = False
     resends = True
-    decode = staticmethod(python_fallback.decode_result)
+
+    def __init__(self, target):
+        super().__init__(target)
+        self.unconfirmed = None  # (peer, hash) of a function sent in full, until its answer
+
+    def decode(self, value):
+        result = python_fallback.decode_result(value)
+        if self.unconfirmed is not None:  # the callee decoded the whole function: later calls send its hash
+            python_fallback.confirm_sent(self.unconfirmed)
+        return result
 
     def build(self, call_kind, dst, args, kwargs, remote, again):
         session = state.require()
@@ -199,7 +208,7 @@ class _Python(_Callee):
                 f"{session.me.name} runs with RpcOptions(script_only=True), which sends and takes no pickle; "
                 "decorate it with @torch.jit.script or call a builtin"
             )
-        payload, tensors, name, forks = python_fallback.encode_call(
+        payload, tensors, name, forks, self.unconfirmed = python_fallback.encode_call(
             self.target, dst.id, args, kwargs, force_full=again or remote, request=not remote)
         if torch.autograd._profiler_enabled():
             # The profiler names the call's range after it, as upstream: by __qualname__.

@@ -40,7 +40,7 @@ from torchrpc import callables, errors, functions, log, state
 
 
 _lock = threading.Lock()
-_sent = set()  # (peer rank, hash) pairs the peer has received in full
+_sent = set()  # (peer rank, hash) pairs the peer has decoded in full (its answer came)
 _received = {}  # hash -> function (callee side)
 _MAX_RECEIVED = 4096
 
@@ -199,21 +199,30 @@ def loads(data, tensors):
 # ---- caller side -------------------------------------------------------------
 
 def encode_call(fn, dst_rank, args, kwargs, force_full=False, request=True):
-    """Returns (payload, tensors, name, forks) for a call of fn on dst_rank.
-    `request`: the answer to this message proves the callee decoded it (an
-    rpc_sync/rpc_async call; not remote(), whose answer may come first)."""
+    """Returns (payload, tensors, name, forks, unconfirmed) for a call of fn on
+    dst_rank. `request`: the answer to this message proves the callee decoded
+    it (an rpc_sync/rpc_async call; not remote(), whose answer may come first).
+    `unconfirmed`: the (peer, hash) to pass to confirm_sent once that answer
+    came, if the function travels in full; until then every call sends it in
+    full, so a call that overtakes the first never names a hash the callee
+    lacks (its resend would record a second send in an autograd context)."""
     digest, data = callables.pickle_function(fn)
     key = (dst_rank, digest)
     with _lock:
         full = force_full or key not in _sent
-        _sent.add(key)
     name = callables.function_name(fn)
     try:
         payload, tensors, forks = dumps((digest, data if full else None, name, args, kwargs),
                                         dst_rank if request else -1)
     except Exception as err:
         raise _pickling_error(err, f"cannot send the arguments of {name!r}: pickling failed: {err}") from err
-    return payload, tensors, name, forks
+    return payload, tensors, name, forks, key if full and request else None
+
+
+def confirm_sent(key):
+    """The peer of `key` (from encode_call) decoded the whole function: later calls send its hash."""
+    with _lock:
+        _sent.add(key)
 
 
 def forget_sent(dst_rank=None):

@@ -1,5 +1,7 @@
 #include "autograd/context.h"
 
+#include <algorithm>
+
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
@@ -23,6 +25,21 @@ c10::intrusive_ptr<SendRpcBackward> Context::send(int64_t sendId) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = sends_.find(sendId);
   return it == sends_.end() ? nullptr : it->second;
+}
+
+void Context::addRecv(c10::intrusive_ptr<RecvRpcBackward> recv) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  recvs_.push_back(std::move(recv));
+}
+
+Context::Graph Context::graph() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Graph g;
+  for (const auto& [id, send] : sends_) g.sends.emplace_back(id, send);
+  std::sort(g.sends.begin(), g.sends.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (size_t i = 0; i < recvs_.size(); ++i) g.recvs.emplace_back(static_cast<int64_t>(i), recvs_[i]);
+  g.knownWorkers = knownWorkers_;
+  return g;
 }
 
 void Context::addKnownWorker(int rank) {

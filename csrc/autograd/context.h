@@ -48,8 +48,19 @@ class Context {
   // Forward pass.
   int64_t addSend(c10::intrusive_ptr<SendRpcBackward> send);
   c10::intrusive_ptr<SendRpcBackward> send(int64_t sendId) const;  // null if unknown
+  // A receive function made for a request or response of this context (kept
+  // until the context is released, as upstream keeps them).
+  void addRecv(c10::intrusive_ptr<RecvRpcBackward> recv);
   void addKnownWorker(int rank);
   std::set<int> knownWorkers() const;
+
+  // What this context recorded, for inspection (torchrpc.autograd._retrieve_context):
+  // send and receive functions by id, in the order they were made.
+  struct Graph {
+    std::vector<std::pair<int64_t, c10::intrusive_ptr<torch::autograd::Node>>> sends, recvs;
+    std::set<int> knownWorkers;
+  };
+  Graph graph() const;
 
   // Backward pass. One local pass at a time per context (passMutex), so that
   // gradients accumulate in order.
@@ -71,6 +82,7 @@ class Context {
   mutable std::mutex mutex_;
   int64_t nextSendId_{0};
   std::unordered_map<int64_t, c10::intrusive_ptr<SendRpcBackward>> sends_;
+  std::vector<c10::intrusive_ptr<RecvRpcBackward>> recvs_;
   std::set<int> knownWorkers_;
   const std::shared_ptr<torch::distributed::autograd::DistAutogradContext> store_;
   std::mutex passMutex_;

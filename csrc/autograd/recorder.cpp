@@ -49,13 +49,7 @@ void wrap(message::Message& m, message::MessageType outer, Context& ctx, bool lo
   e.contextId = ctx.id();
   e.sendId = sent.empty() ? -1 : ctx.addSend(c10::make_intrusive<SendRpcBackward>(sent));
   e.numTensors = static_cast<uint32_t>(m.tensors.size());
-  std::string payload;
-  payload.reserve(sizeof(e) + mask.size() + m.payload.size());
-  payload.append(reinterpret_cast<const char*>(&e), sizeof(e));
-  payload += mask;
-  payload += m.payload;
-  m.payload = std::move(payload);
-  m.type = outer;
+  message::wrapPayload(m, outer, e, mask);
 }
 
 // Unwraps `m` in place. Unless it is local, looks its context up with getCtx
@@ -79,6 +73,7 @@ Envelope unwrap(message::Message& m, int src, GetContext getCtx) {
       for (size_t i = 0; i < m.tensors.size(); ++i) {
         if (mask[i / 8] & (1 << (i % 8))) torch::autograd::set_history(m.tensors[i], recv);
       }
+      ctx->addRecv(std::move(recv));
     }
   }
   m.payload.erase(0, sizeof(e) + maskLen);

@@ -1,5 +1,6 @@
-// The only pybind11 module: glue between torchrpc/*.py and the C++ core.
-// No logic lives here beyond converting values and releasing the GIL around
+// The pybind11 module: glue between torchrpc/*.py and the C++ core. The
+// RRef and autograd bindings live beside it (rref_bindings.cpp,
+// autograd_bindings.cpp; what they share in glue.h). No logic lives here beyond converting values and releasing the GIL around
 // every blocking call. C++ errors become Python exceptions in one place
 // (translateErrors); tests reach internals through tests/csrc/, not here.
 
@@ -12,32 +13,22 @@
 #include <tuple>
 
 #include "agent/agent.h"
-#include "autograd/context.h"
 #include "autograd/engine.h"
+#include "bindings/glue.h"
 #include "common/error.h"
-#include "common/spin.h"
-#include "jit_ops/script_rref.h"
 #include "message/receive_buffers.h"
-#include "message/tensor_layout.h"
 #include "optim/optimizer.h"
 #include "profiling/profiler.h"
 #include "python_fallback/call_messages.h"
-#include "python_fallback/callback_runner.h"
-#include "python_fallback/gil.h"
-#include "python_fallback/python_rref.h"
-#include "python_fallback/python_turn.h"
 #include "python_fallback/run_python.h"
-#include "rendezvous/rendezvous.h"
-#include "rref/rref_context.h"
 #include "transport/loop.h"
 #include "transport/same_host.h"
 #include "worker/worker.h"
 
 namespace py = pybind11;
-using torchrpc::agent::Agent;
-using torchrpc::message::Message;
 namespace rref = torchrpc::rref;
-namespace pf = torchrpc::python_fallback;
+namespace ag = torchrpc::autograd;
+using namespace torchrpc::bindings;  // glue.h: Call, OutgoingMessage, errorTuple, ...
 
 namespace {
 
@@ -60,111 +51,6 @@ void translateErrors(std::exception_ptr error) {
   } catch (const c10::Error& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
   }
-}
-
-// An error as Python sees it: (kind, message, remote_type, remote_traceback);
-// torchrpc.errors.from_native turns it into an exception.
-py::tuple errorTuple(const std::exception_ptr& error) {
-  auto parts = torchrpc::common::errorParts(error);
-  return py::make_tuple(static_cast<int>(parts.kind), parts.message, parts.remoteType, parts.remoteTraceback);
-}
-
-// An IValue as a Python object, with TorchScript RRef objects (also inside
-// tuples, lists and dicts) as torchrpc.RRef. Needs the GIL.
-py::object pyValue(const c10::IValue& value) {
-  if (!torchrpc::jit_ops::containsRRef(value)) return torch::jit::toPyObject(value);
-  if (auto r = torchrpc::jit_ops::rrefOf(value)) {
-    return py::module_::import("torchrpc.rref").attr("RRef").attr("_wrap")(std::move(r));
-  }
-  if (value.isTuple()) {
-    const auto& el = value.toTupleRef().elements();
-    py::tuple out(el.size());
-    for (size_t i = 0; i < el.size(); ++i) out[i] = pyValue(el[i]);
-    return out;
-  }
-  if (value.isList()) {
-    py::list out;
-    for (const auto& v : value.toListRef()) out.append(pyValue(v));
-    return out;
-  }
-  if (value.isGenericDict()) {
-    py::dict out;
-    for (const auto& item : value.toGenericDict()) out[pyValue(item.key())] = pyValue(item.value());
-    return out;
-  }
-  return torch::jit::toPyObject(value);  // e.g. an RRef inside a script object's attribute
-}
-
-// (True, value) or (False, error tuple) of a completed future. Needs the GIL.
-py::tuple outcome(const c10::ivalue::Future& future) {
-  if (future.hasError()) return py::make_tuple(false, errorTuple(future.exception_ptr()));
-  return py::make_tuple(true, pyValue(future.constValue()));
-}
-
-// A call in flight, as Python sees it.
-struct Call {
-  c10::intrusive_ptr<c10::ivalue::Future> future;
-  // Who settles an rpc_async future: a thread that waits for it
-  // (claimAndWait), or, when the call completes first, the callback runner.
-  // Made by addDoneCallback: rpc_sync's calls never need it.
-  std::shared_ptr<std::atomic<bool>> claimed;
-
-  // Returns once the call is done: polls, then sleeps, without the GIL.
-  void wait() const {
-    if (future->completed()) return;  // completion callbacks find it done: they keep the GIL
-    py::gil_scoped_release nogil;
-    pf::PythonTurn::Pause pause;  // a Python call waiting: others may run
-    torchrpc::common::spinThenWait(*future);
-  }
-
-  py::tuple result() const {
-    wait();
-    return outcome(*future);
-  }
-
-  // True if this thread claimed the call before it completed; then returns
-  // once it is done (see wait()). False if the runner claimed it.
-  bool claimAndWait() const {
-    if (claimed && claimed->exchange(true)) return false;
-    wait();
-    return true;
-  }
-
-  // fn() runs on the runner's thread, under the GIL, once the call is done,
-  // unless a waiting thread claimed the call first (claimAndWait).
-  void addDoneCallback(std::shared_ptr<pf::CallbackRunner> runner, py::object fn) {
-    auto callback = pf::sharedPyObject(std::move(fn));
-    if (!claimed) claimed = std::make_shared<std::atomic<bool>>(false);
-    future->addCallback([runner, callback, claimed = claimed](c10::ivalue::Future&) {
-      if (claimed->exchange(true)) {
-        runner->discard(callback);
-      } else {
-        runner->post(callback);
-      }
-    });
-  }
-};
-
-// A call message built by the caller, sent once (Agent.send or RRefContext.remote).
-struct OutgoingMessage {
-  std::optional<Message> message;
-
-  Message take() {
-    TORCH_CHECK(message, "this call message was sent already");
-    Message m = std::move(*message);
-    message.reset();
-    return m;
-  }
-};
-
-// A small send that will not wait keeps the GIL: released for a few
-// microseconds on every call, it went to the completion thread each time, and
-// the caller then waited for it.
-bool sendMayWait(const Agent& agent, int dst, const Message& m) {
-  constexpr uint64_t kSmall = 1u << 20;
-  uint64_t bytes = m.payload.size();
-  for (const auto& t : m.tensors) bytes += torchrpc::message::layout::wireBytes(t);
-  return bytes > kSmall || !agent.sendsAtOnce(dst, bytes);
 }
 
 // RpcOptions' callee policy: (script_only, allowed_callables or None,
@@ -350,183 +236,8 @@ PYBIND11_MODULE(_C, m) {
       .def("connection_count", &Agent::connectionCount)
       .def("script_names", [](Agent& a) { return a.registry().names(); });
 
-  // RRefs. Handles are shared by Python RRef objects; the protocol lives in
-  // csrc/rref/ (see rref_context.h).
-  py::class_<rref::RRef, std::shared_ptr<rref::RRef>>(m, "RRefHandle")
-      .def("is_owner", &rref::RRef::isOwner)
-      .def("owner", &rref::RRef::owner)
-      .def("id", [](const rref::RRef& r) { return r.id().str(); })
-      .def("fork_id",
-           [](const rref::RRef& r) -> py::object {
-             if (r.isOwner()) return py::none();
-             return py::str(static_cast<const rref::UserRRef&>(r).forkId().str());
-           })
-      .def("confirmed", &rref::RRef::confirmedByOwner)
-      // A user whose one USER_DELETE was sent (dropped, or released at shutdown).
-      .def("deleted",
-           [](const rref::RRef& r) { return !r.isOwner() && static_cast<const rref::UserRRef&>(r).deleted(); })
-      // A Call that completes once the value exists (or failed to).
-      .def("creation",
-           [](const rref::RRef& r) {
-             if (r.isOwner()) return Call{static_cast<const rref::OwnerRRef&>(r).value(), nullptr};
-             return Call{static_cast<const rref::UserRRef&>(r).creation(), nullptr};
-           })
-      .def("creation_error",
-           [](const rref::RRef& r) -> py::object {
-             if (r.isOwner()) return py::none();
-             auto e = static_cast<const rref::UserRRef&>(r).creationError();
-             if (!e) return py::none();
-             return py::make_tuple(e->first, e->second, "", "");
-           })
-      // remote()'s call, as a torch.futures.Future (None for an RRef not made by remote() here).
-      .def("creation_future",
-           [](const rref::RRef& r) -> py::object {
-             if (!r.creation()) return py::none();
-             return torch::jit::toPyObject(c10::IValue(r.creation()));
-           })
-      // Owner only: (True, value) once the value exists, or (False, error tuple).
-      .def("local_value",
-           [](const rref::RRef& r, double timeout) -> py::tuple {
-             TORCH_CHECK(r.isOwner(), "local_value() of a user RRef");
-             const auto& owner = static_cast<const rref::OwnerRRef&>(r);
-             if (!owner.value()->completed()) {
-               bool late;
-               {
-                 py::gil_scoped_release nogil;
-                 pf::PythonTurn::Pause pause;
-                 late = !owner.waitValue(timeout);
-               }
-               if (late) {
-                 return py::make_tuple(false, py::make_tuple(static_cast<int>(torchrpc::common::ErrorKind::kTimeout),
-                                                             "the value of RRef " + r.id().str() +
-                                                                 " was not created within " + std::to_string(timeout) +
-                                                                 " s",
-                                                             "", ""));
-               }
-             }
-             return outcome(*owner.value());
-           })
-      // Owner only: None once the value exists (or failed), else a
-      // torch.futures.Future that completes when it does (its value unused).
-      .def("pending_value",
-           [](const rref::RRef& r) -> py::object {
-             TORCH_CHECK(r.isOwner(), "pending_value() of a user RRef");
-             const auto& value = static_cast<const rref::OwnerRRef&>(r).value();
-             if (value->completed()) return py::none();
-             return torch::jit::toPyObject(c10::IValue(value));
-           })
-      // The TorchScript object (torch.classes.torchrpc.RRef) of this RRef.
-      .def("script_object", [](const std::shared_ptr<rref::RRef>& r) {
-        return torch::jit::toPyObject(torchrpc::jit_ops::scriptRRef(r));
-      });
-
-  // The RRef of a TorchScript RRef object (a torch.ScriptObject), or None.
-  m.def("rref_of_script_object", [](const py::handle& obj) -> std::shared_ptr<rref::RRef> {
-    if (!py::isinstance<torch::jit::Object>(obj)) return nullptr;
-    return torchrpc::jit_ops::rrefOf(py::cast<torch::jit::Object>(obj)._ivalue());
-  });
-
-  py::class_<rref::RRefContext, std::shared_ptr<rref::RRefContext>>(m, "RRefContext")
-      .def(py::init([](std::shared_ptr<Agent> agent, py::object encoder, py::object methodRunner) {
-        auto ctx = rref::RRefContext::create(std::move(agent));
-        pf::installRRefPython(*ctx, std::move(encoder), std::move(methodRunner));
-        return ctx;
-      }))
-      .def("install_python",
-           [](rref::RRefContext& c, py::object encoder, py::object methodRunner) {
-             pf::installRRefPython(c, std::move(encoder), std::move(methodRunner));
-           })
-      .def("create_owner",
-           [](rref::RRefContext& c, py::object value) -> std::shared_ptr<rref::RRef> {
-             // A plain tensor is kept as a tensor (the same object comes back),
-             // so TorchScript can fetch it too; anything else as a Python object.
-             if (THPVariable_CheckExact(value.ptr())) {
-               const auto& t = THPVariable_Unpack(value.ptr());
-               if (!t.requires_grad()) return c.createOwner(c10::IValue(t));
-             }
-             return c.createOwner(pf::pyObjectIValue(std::move(value)));
-           })
-      .def("remote",
-           [](rref::RRefContext& c, int dst, OutgoingMessage& msg, double timeout, const std::string& function) {
-             Message call = msg.take();
-             py::gil_scoped_release nogil;
-             return c.remote(dst, std::move(call), timeout, function);
-           })
-      .def("fetch",
-           [](rref::RRefContext& c, const std::shared_ptr<rref::RRef>& r, double timeout) {
-             TORCH_CHECK(!r->isOwner(), "fetch() of an owner RRef");
-             auto user = std::static_pointer_cast<rref::UserRRef>(r);
-             py::gil_scoped_release nogil;
-             return Call{c.fetch(user, timeout)};
-           })
-      // rref.rpc_sync().name(*args, **kwargs) with plain arguments
-      // (python_fallback::plainIValue); None when one is not (the caller
-      // then pickles the call).
-      .def("method_call",
-           [](rref::RRefContext& c, const std::shared_ptr<rref::RRef>& r, const std::string& name,
-              const py::tuple& args, const py::dict& kwargs, double timeout,
-              const std::string& kind) -> std::optional<Call> {
-             auto msg = pf::methodCallMessage(r->id(), name, args, kwargs);
-             if (!msg) return std::nullopt;
-             std::optional<py::gil_scoped_release> nogil;
-             if (sendMayWait(c.agent(), r->owner(), *msg)) nogil.emplace();
-             auto future = c.methodCall(r, std::move(*msg), name, timeout, kind);
-             if (auto refused = torchrpc::agent::refusedBeforeSending(future)) std::rethrow_exception(refused);
-             return Call{std::move(future)};
-           })
-      .def(
-          "fork",
-          [](rref::RRefContext& c, const std::shared_ptr<rref::RRef>& r, int requestTo) {
-            return py::tuple(py::cast(c.fork(r, requestTo).toInts()));
-          },
-          py::arg("rref"), py::arg("request_to") = -1)
-      .def("release_when_answered",
-           [](rref::RRefContext& c, const Call& call, const std::vector<std::vector<int64_t>>& forks) {
-             std::vector<rref::ForkData> data;
-             for (const auto& t : forks) data.push_back(rref::ForkData::fromInts(t));
-             py::gil_scoped_release nogil;
-             c.releaseWhenAnswered(call.future, data);
-           })
-      .def("receive",
-           [](rref::RRefContext& c, const std::vector<int64_t>& t) {
-             auto f = rref::ForkData::fromInts(t);
-             py::gil_scoped_release nogil;
-             return c.receive(f);
-           })
-      .def("cancel_fork",
-           [](rref::RRefContext& c, const std::vector<int64_t>& t) {
-             auto f = rref::ForkData::fromInts(t);
-             py::gil_scoped_release nogil;
-             c.cancelFork(f);
-           })
-      .def("release_all_users", &rref::RRefContext::releaseAllUsers, py::call_guard<py::gil_scoped_release>())
-      .def("wait_idle", &rref::RRefContext::waitIdle, py::call_guard<py::gil_scoped_release>())
-      .def("stop", &rref::RRefContext::stop, py::call_guard<py::gil_scoped_release>())
-      .def("snapshot", [](const rref::RRefContext& c) {
-        auto s = c.snapshot();
-        py::dict d;
-        d["owners"] = py::cast(s.owners);
-        d["owner_objects"] = s.localOwners;
-        d["users"] = py::cast(s.users);
-        d["pending_users"] = s.pendingUsers;
-        d["pending_children"] = s.pendingChildren;
-        d["in_flight"] = s.inFlight;
-        return d;
-      });
-
-  // Distributed autograd (torchrpc/autograd.py).
-  namespace ag = torchrpc::autograd;
-  m.def("autograd_new_context", [] { return ag::Container::get().create()->id(); });
-  m.def("autograd_current_context", [] { return ag::Container::currentId(); });
-  m.def("autograd_release_context", &ag::releaseContext, py::call_guard<py::gil_scoped_release>());
-  m.def("autograd_backward", [](Agent& a, int64_t id, std::vector<at::Tensor> roots, bool retainGraph) {
-    py::gil_scoped_release nogil;
-    return Call{ag::backward(a, id, roots, retainGraph)};
-  });
-  m.def("autograd_gradients", [](const Agent& a, int64_t id) {
-    return ag::Container::get().retrieve(id, a.options().name)->gradients();
-  });
-  m.def("autograd_live_contexts", [] { return ag::Container::get().liveIds(); });
+  torchrpc::bindings::bindRRefs(m);
+  torchrpc::bindings::bindAutograd(m);
 
   // DistributedOptimizer's functional optimizers (torchrpc/optim/).
   m.def("optimizer_register", [](const py::object& optimizer, std::vector<at::Tensor> params) {

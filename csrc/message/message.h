@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "message/message_type.h"
@@ -21,5 +22,18 @@ struct Message {
   std::string payload;
   std::vector<at::Tensor> tensors;
 };
+
+// Wraps `m` in an envelope, as the interceptors do (autograd, profiler): its
+// payload becomes `header` + `extra` + the old payload, its type `outer`.
+template <typename Header>
+void wrapPayload(Message& m, MessageType outer, const Header& header, std::string_view extra) {
+  std::string payload;
+  payload.reserve(sizeof(header) + extra.size() + m.payload.size());
+  payload.append(reinterpret_cast<const char*>(&header), sizeof(header));
+  payload += extra;
+  payload += m.payload;
+  m.payload = std::move(payload);
+  m.type = outer;
+}
 
 }  // namespace torchrpc::message

@@ -173,13 +173,7 @@ class Scope : public agent::CallScope {
     }
     if (pickled.size() > kMaxEventBytes) pickled.clear();
     RetEnvelope env{static_cast<uint16_t>(response.type), 0, static_cast<uint32_t>(pickled.size())};
-    std::string payload;
-    payload.reserve(sizeof(env) + pickled.size() + response.payload.size());
-    payload.append(reinterpret_cast<const char*>(&env), sizeof(env));
-    payload += pickled;
-    payload += response.payload;
-    response.payload = std::move(payload);
-    response.type = MessageType::kProfiledRet;
+    message::wrapPayload(response, MessageType::kProfiledRet, env, pickled);
   }
 
  private:

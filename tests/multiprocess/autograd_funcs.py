@@ -62,6 +62,14 @@ def live_contexts():
     return rpc.autograd._live_contexts()
 
 
+def context_graph(context_id):
+    """What this worker recorded in the context: ([names of each send
+    function's next functions], number of receive functions, known workers)."""
+    ctx = rpc.autograd._retrieve_context(context_id)
+    sends = [[fn.name() for fn, _ in send.next_functions] for send in ctx._send_functions().values()]
+    return sends, len(ctx._recv_functions()), ctx._known_worker_ids()
+
+
 def cpu_seconds():
     """CPU time of this whole process (every thread) so far."""
     return time.process_time()

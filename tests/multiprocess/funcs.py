@@ -536,3 +536,21 @@ class ScaleModule(torch.nn.Module):
 
 def make_script_module(factor):
     return torch.jit.script(ScaleModule(factor))
+
+
+# ---- upstream's private all-gather (torchrpc/all_gather.py) ----------------
+
+
+def all_gather_of(obj, worker_names=None, timeout=10.0):
+    return rpc.api._all_gather(obj, worker_names=worker_names, timeout=timeout)
+
+
+def wait_all_workers_then(value, delay=0.0):
+    time.sleep(delay)
+    rpc.api._wait_all_workers(timeout=10.0)
+    return value
+
+
+def barrier_then(names, value):
+    rpc.api._barrier(names)
+    return value

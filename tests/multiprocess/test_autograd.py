@@ -225,6 +225,52 @@ def test_contexts_are_released_on_every_worker():
         rpc.autograd.get_gradients(ctx)
 
 
+RECV = "torch::distributed::autograd::RecvRpcBackward"
+
+
+def test_a_context_shows_the_graph_it_recorded_as_upstream_does():
+    x = leaf(1)
+    with rpc.autograd.context() as ctx:
+        y = rpc.rpc_sync("worker1", P.nested, args=(x, "w", "worker2", "w"))
+        mine = rpc.autograd._current_context()
+        assert mine._context_id() == ctx
+        [send] = mine._send_functions().values()
+        assert send.name() == "torch::distributed::autograd::SendRpcBackward"
+        assert [fn.name() for fn, _ in send.next_functions] == ["torch::autograd::AccumulateGrad"]
+        assert send.next_functions[0][0].variable is x
+        [recv] = mine._recv_functions().values()
+        assert y.grad_fn is recv and recv.name() == RECV
+        assert mine._known_worker_ids() == {1}
+        # worker1 received x (one RecvRpcBackward) and the response of
+        # worker2; it sent x * w on and its result back.
+        sends, recvs, known = rpc.rpc_sync("worker1", P.context_graph, args=(ctx,))
+        assert sends == [["MulBackward0"], ["MulBackward0"]] and recvs == 2 and known == {2}
+    with pytest.raises(RuntimeError, match="Could not find autograd context"):
+        rpc.autograd._retrieve_context(ctx)
+    with pytest.raises(RuntimeError, match="valid autograd context"):
+        rpc.autograd._current_context()
+
+
+def test_concurrent_first_calls_of_a_function_record_one_send_each():
+    # Until worker1 has answered a call of a Python function, every call sends
+    # the whole function: one sent by hash could overtake it and be resent,
+    # recording a second send function for one call.
+    scale = float(time.time() % 1000)
+    ballast = bytes(4 << 20)  # a function that takes a while to receive and decode
+
+    def times_scale(t):
+        return t * scale + len(ballast) * 0
+
+    x = leaf(1)
+    with rpc.autograd.context() as ctx:
+        futs = [rpc.rpc_async("worker1", times_scale, args=(x,)) for _ in range(16)]
+        for f in futs:
+            assert_close(f.wait(), x * scale)
+        assert len(rpc.autograd._current_context()._send_functions()) == 16
+        sends, recvs, _ = rpc.rpc_sync("worker1", P.context_graph, args=(ctx,))
+        assert len(sends) == 16 and recvs == 16
+
+
 def test_an_open_context_without_traffic_uses_no_cpu():
     # While a context is open, waits poll for up to 2 ms after each message
     # (the training budget, csrc/common/spin.h); past that everyone sleeps.

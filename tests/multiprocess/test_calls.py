@@ -114,6 +114,22 @@ def test_to_by_name_rank_and_worker_info():
     assert rpc.get_worker_info() == rpc.get_worker_info("worker0")
 
 
+def test_the_agent_reports_upstreams_debug_counters(job):
+    info = rpc.api._get_current_rpc_agent().get_debug_info()
+    assert info["agent.thread_pool_size"] == str(job.threads)
+    assert int(info["agent.num_pending_requests"]) == 0 and int(info["agent.num_connections"]) >= 1
+    assert all(isinstance(v, str) for v in info.values())
+
+
+def test_wait_all_block_waits_for_its_rpc_async_calls_and_raises_the_first_error():
+    with rpc.api._wait_all():
+        futs = [rpc.rpc_async("worker1", funcs.add, args=(torch.ones(2), torch.ones(2))) for _ in range(3)]
+    assert all(f.done() for f in futs)
+    with pytest.raises(funcs.CustomError, match="expected failure"), rpc.api._wait_all():
+        rpc.rpc_async("worker1", funcs.raise_custom, args=("expected failure",))
+    assert not hasattr(rpc.api._thread_local_var, "future_list")
+
+
 def test_worker_info_is_comparable_hashable_picklable():
     infos = [rpc.get_worker_info(n) for n in ("worker2", "worker0", "worker1")]
     assert sorted(infos) == [rpc.get_worker_info(f"worker{i}") for i in range(3)]

@@ -1,0 +1,55 @@
+#include "bindings/glue.h"
+
+#include <torch/csrc/jit/python/pybind_utils.h>
+
+#include "common/error.h"
+#include "jit_ops/script_rref.h"
+#include "message/tensor_layout.h"
+
+namespace torchrpc::bindings {
+
+py::tuple errorTuple(const std::exception_ptr& error) {
+  auto parts = torchrpc::common::errorParts(error);
+  return py::make_tuple(static_cast<int>(parts.kind), parts.message, parts.remoteType, parts.remoteTraceback);
+}
+
+py::object pyValue(const c10::IValue& value) {
+  if (!torchrpc::jit_ops::containsRRef(value)) return torch::jit::toPyObject(value);
+  if (auto r = torchrpc::jit_ops::rrefOf(value)) {
+    return py::module_::import("torchrpc.rref").attr("RRef").attr("_wrap")(std::move(r));
+  }
+  if (value.isTuple()) {
+    const auto& el = value.toTupleRef().elements();
+    py::tuple out(el.size());
+    for (size_t i = 0; i < el.size(); ++i) out[i] = pyValue(el[i]);
+    return out;
+  }
+  if (value.isList()) {
+    py::list out;
+    for (const auto& v : value.toListRef()) out.append(pyValue(v));
+    return out;
+  }
+  if (value.isGenericDict()) {
+    py::dict out;
+    for (const auto& item : value.toGenericDict()) out[pyValue(item.key())] = pyValue(item.value());
+    return out;
+  }
+  return torch::jit::toPyObject(value);  // e.g. an RRef inside a script object's attribute
+}
+
+py::tuple outcome(const c10::ivalue::Future& future) {
+  if (future.hasError()) return py::make_tuple(false, errorTuple(future.exception_ptr()));
+  return py::make_tuple(true, pyValue(future.constValue()));
+}
+
+// A small send that will not wait keeps the GIL: released for a few
+// microseconds on every call, it went to the completion thread each time, and
+// the caller then waited for it.
+bool sendMayWait(const Agent& agent, int dst, const Message& m) {
+  constexpr uint64_t kSmall = 1u << 20;
+  uint64_t bytes = m.payload.size();
+  for (const auto& t : m.tensors) bytes += torchrpc::message::layout::wireBytes(t);
+  return bytes > kSmall || !agent.sendsAtOnce(dst, bytes);
+}
+
+}  // namespace torchrpc::bindings

@@ -1,0 +1,100 @@
+#pragma once
+
+// What the binding files share (python_bindings.cpp, rref_bindings.cpp,
+// autograd_bindings.cpp): how a call in flight, a call message and a result
+// look to Python. Each file binds one concept; the module init calls them.
+
+#include <torch/csrc/utils/pybind.h>
+
+#include <atomic>
+#include <exception>
+#include <memory>
+#include <optional>
+
+#include "agent/agent.h"
+#include "common/spin.h"
+#include "python_fallback/callback_runner.h"
+#include "python_fallback/gil.h"
+#include "python_fallback/python_turn.h"
+#include "python_fallback/run_python.h"
+
+namespace torchrpc::bindings {
+
+namespace py = pybind11;
+namespace pf = torchrpc::python_fallback;
+using torchrpc::agent::Agent;
+using torchrpc::message::Message;
+
+// An error as Python sees it: (kind, message, remote_type, remote_traceback);
+// torchrpc.errors.from_native turns it into an exception.
+py::tuple errorTuple(const std::exception_ptr& error);
+// An IValue as a Python object, with TorchScript RRef objects (also inside
+// tuples, lists and dicts) as torchrpc.RRef. Needs the GIL.
+py::object pyValue(const c10::IValue& value);
+// (True, value) or (False, error tuple) of a completed future. Needs the GIL.
+py::tuple outcome(const c10::ivalue::Future& future);
+
+// A call in flight, as Python sees it.
+struct Call {
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  // Who settles an rpc_async future: a thread that waits for it
+  // (claimAndWait), or, when the call completes first, the callback runner.
+  // Made by addDoneCallback: rpc_sync's calls never need it.
+  std::shared_ptr<std::atomic<bool>> claimed;
+
+  // Returns once the call is done: polls, then sleeps, without the GIL.
+  void wait() const {
+    if (future->completed()) return;  // completion callbacks find it done: they keep the GIL
+    py::gil_scoped_release nogil;
+    pf::PythonTurn::Pause pause;  // a Python call waiting: others may run
+    torchrpc::common::spinThenWait(*future);
+  }
+
+  py::tuple result() const {
+    wait();
+    return outcome(*future);
+  }
+
+  // True if this thread claimed the call before it completed; then returns
+  // once it is done (see wait()). False if the runner claimed it.
+  bool claimAndWait() const {
+    if (claimed && claimed->exchange(true)) return false;
+    wait();
+    return true;
+  }
+
+  // fn() runs on the runner's thread, under the GIL, once the call is done,
+  // unless a waiting thread claimed the call first (claimAndWait).
+  void addDoneCallback(std::shared_ptr<pf::CallbackRunner> runner, py::object fn) {
+    auto callback = pf::sharedPyObject(std::move(fn));
+    if (!claimed) claimed = std::make_shared<std::atomic<bool>>(false);
+    future->addCallback([runner, callback, claimed = claimed](c10::ivalue::Future&) {
+      if (claimed->exchange(true)) {
+        runner->discard(callback);
+      } else {
+        runner->post(callback);
+      }
+    });
+  }
+};
+
+// A call message built by the caller, sent once (Agent.send or RRefContext.remote).
+struct OutgoingMessage {
+  std::optional<Message> message;
+
+  Message take() {
+    TORCH_CHECK(message, "this call message was sent already");
+    Message m = std::move(*message);
+    message.reset();
+    return m;
+  }
+};
+
+// A small send that will not wait keeps the GIL (see glue.cpp).
+bool sendMayWait(const Agent& agent, int dst, const Message& m);
+
+// The binding of each concept, called once from the module init.
+void bindRRefs(py::module_& m);
+void bindAutograd(py::module_& m);
+
+}  // namespace torchrpc::bindings
