@@ -37,6 +37,10 @@ class Control:
         """Publishes a str value."""
         self._store.set(key, value)
 
+    def is_set(self, key):
+        """Whether `key` has been published (does not wait)."""
+        return self._store.check([key])
+
     def get(self, key):
         """Waits for `key` (up to the timeout) and returns its value as str."""
         self._store.wait([key])

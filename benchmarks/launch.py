@@ -1,8 +1,11 @@
 """Starts a job of benchmark worker processes and always cleans them up.
 
-Each worker is ``python -m benchmarks.worker`` in its own process group (in
-this session, as torchrun starts workers; ``TORCHRPC_BENCH_SESSIONS=1``: each
-in its own session), with its output in a log file. :func:`run_job` waits with a deadline,
+Each worker is ``python -m benchmarks.worker`` with its output in a log file,
+started in one of two launch modes (:data:`MODES`): in this session, each in
+its own process group, as torchrun starts workers; or each in its own
+session, as separate terminals, services or containers start them (the
+kernel's autogroup scheduling then gives each session its own share of the
+CPU). :func:`run_job` waits with a deadline,
 fails fast when a worker fails, and kills whatever is still running on the
 way out, on success, error or Ctrl-C alike.
 """
@@ -38,12 +41,11 @@ def _tail(path, lines=15):
         return "(no log)"
 
 
-# Each worker gets its own process group (killed as one), in this session.
-# TORCHRPC_BENCH_SESSIONS=1 starts each in its own session instead: separate
-# terminals do that, torchrun does not, and the kernel's autogroup scheduling
-# then shares the CPU between the workers' sessions (see README, Speed).
-_GROUP = ({"start_new_session": True} if os.environ.get("TORCHRPC_BENCH_SESSIONS") == "1"
-          else {"process_group": 0})
+#: Launch modes: mode -> Popen keywords. Either way a worker is a process
+#: group of its own, killed as one.
+MODES = {"one": {"process_group": 0}, "separate": {"start_new_session": True}}
+#: Their labels in the report.
+MODE_LABELS = {"one": "one session", "separate": "separate sessions"}
 
 
 def _kill(proc):
@@ -58,11 +60,11 @@ def _kill(proc):
         pass
 
 
-def run_job(job, backend, world_size, control_port, cfg, timeout, ports=None, torch_transports=None):
+def run_job(job, backend, world_size, control_port, cfg, timeout, ports=None, torch_transports=None, mode="one"):
     """Runs benchmark job `job` on `backend` with `world_size` worker processes.
 
     Args:
-        job (str): "main", "scaling" or "init" (see benchmarks.worker).
+        job (str): a key of benchmarks.worker.JOBS.
         backend (str): "torch" or "torchrpc".
         world_size (int): number of worker processes.
         control_port (int): port of the run's control TCPStore.
@@ -70,6 +72,7 @@ def run_job(job, backend, world_size, control_port, cfg, timeout, ports=None, to
         timeout (float): seconds the whole job may take.
         ports (list of int): rendezvous ports, one per init_rpc (default: one fresh port).
         torch_transports (list of str): TensorPipe transports, None for its default.
+        mode (str): launch mode, a key of MODES.
 
     Returns:
         list: each rank's result dict, by rank.
@@ -77,11 +80,11 @@ def run_job(job, backend, world_size, control_port, cfg, timeout, ports=None, to
     Raises:
         JobFailed: with the log tail of the worker that failed or hung.
     """
-    with tempfile.TemporaryDirectory(prefix=f"bench-{backend}-{job}-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"bench-{mode}-{backend}-{job}-") as tmp:
         spec = {
             "job": job, "backend": backend, "world_size": world_size,
             "ports": ports or [free_port()], "control_port": control_port,
-            "prefix": f"{backend}/{job}/{world_size}", "timeout": timeout, "cfg": cfg,
+            "prefix": f"{mode}/{backend}/{job}/{world_size}", "timeout": timeout, "cfg": cfg,
             "torch_transports": torch_transports, "out_dir": tmp,
         }
         spec_path = os.path.join(tmp, "spec.json")
@@ -94,7 +97,7 @@ def run_job(job, backend, world_size, control_port, cfg, timeout, ports=None, to
                 with open(logs[-1], "w") as log:
                     procs.append(subprocess.Popen(
                         [sys.executable, "-m", "benchmarks.worker", "--spec", spec_path, "--rank", str(rank)],
-                        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, **_GROUP))
+                        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, **MODES[mode]))
             _wait_all(procs, logs, time.monotonic() + timeout, f"{backend}/{job}")
             results = []
             for rank in range(world_size):

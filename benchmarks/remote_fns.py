@@ -142,3 +142,43 @@ def rss_bytes():
 
 #: Iterations of busy_script / busy_python: a few milliseconds on a 2-core VM.
 BUSY_ITERS = 400
+
+
+class SmallCNN(torch.nn.Module):
+    """The compute-heavy callee's network: two conv + ReLU + max-pool stages
+    and a linear layer, on 32x32 RGB images (a few ms per batch of 16 on a
+    2-core VM)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(16, 32, 3, padding=1)
+        self.fc = torch.nn.Linear(32 * 8 * 8, 10)
+
+    def forward(self, x):
+        x = torch.nn.functional.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = torch.nn.functional.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.fc(x.flatten(1))
+
+
+_cnn = []
+
+
+def cnn():
+    """This process's SmallCNN, the same weights in every process."""
+    if not _cnn:
+        torch.manual_seed(0)
+        _cnn.append(SmallCNN().eval())
+    return _cnn[0]
+
+
+def cnn_input(batch=16):
+    """A batch of images, the same in every process."""
+    return torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+
+def cnn_forward(x):
+    """The compute-heavy callee: the CNN's forward pass on `x`, as a
+    parameter server running the network would (Python, either library)."""
+    with torch.no_grad():
+        return cnn()(x)

@@ -1,9 +1,11 @@
 """The side-by-side report: rows, ratios, targets, JSON and a bar plot.
 
-Input is what run_all collected: ``results[backend][job]`` (the per-job data
-of :mod:`benchmarks.scenarios`) and the socket floor. A ratio above 1 always
-means torchrpc is better: torch_time / torchrpc_time for times and CPU,
-torchrpc / torch for rates.
+Input is what run_all collected: ``results[mode][backend][job]`` (the per-job
+data of :mod:`benchmarks.scenarios` and :mod:`benchmarks.compute`, for each
+launch mode of :mod:`benchmarks.launch`) and the socket floor. Every row shows
+the launch modes side by side. A ratio above 1 always means torchrpc is
+better: torch_time / torchrpc_time for times and CPU, torchrpc / torch for
+rates.
 """
 
 import json
@@ -12,6 +14,7 @@ import os
 import statistics
 
 from benchmarks.backends import LABELS
+from benchmarks.launch import MODE_LABELS
 
 KB, MB = 1 << 10, 1 << 20
 
@@ -55,7 +58,7 @@ def _rows():
     for name, label in lat:
         rows.append(Row(f"latency.{name}", f"rpc_sync tiny {label}", "us", False,
                         lambda r, n=name: r["main"]["latency_us"][n]["median"]))
-    for kind in ("script", "python"):
+    for kind in ("script", "builtin", "python"):
         for depth in (1, 16, 128):
             rows.append(Row(f"throughput.{kind}.{depth}", f"rpc_async {kind}, {depth} in flight",
                             "calls/s", True, lambda r, k=kind, d=depth: r["main"]["throughput"][k][str(d)]))
@@ -111,6 +114,15 @@ def _rows():
     rows.append(Row("training.vs_local", "split-RNN iteration / same model local", "x", False,
                     lambda r: r["training"]["training"]["iteration_ms"]["median"]
                     / r["training"]["training"]["local_ms"]["median"]))
+    rows.append(Row("compute.remote", "CNN forward inside rpc_sync (compute-heavy callee)", "ms", False,
+                    lambda r: r["compute"]["compute"]["remote_ms"]["median"]))
+    rows.append(Row("compute.vs_local", "CNN forward in a call / the same forward local", "x", False,
+                    lambda r: r["compute"]["compute"]["remote_ms"]["median"]
+                    / r["compute"]["compute"]["local_ms"]["median"]))
+    rows.append(Row("beside.idle", "compute loop beside idle workers / alone", "x", True,
+                    lambda r: r["beside"]["beside"]["idle"]))
+    rows.append(Row("beside.calls", "compute loop beside workers calling every 5 ms / alone", "x", True,
+                    lambda r: r["beside"]["beside"]["calls"]))
     return rows
 
 
@@ -125,12 +137,13 @@ class Target:
 
 
 TARGETS = [
-    Target("latency.script", ">= 4x torch", lambda t, o, ratio, floor: ratio >= 4),
+    Target("latency.script", ">= 5x torch", lambda t, o, ratio, floor: ratio >= 5),
     Target("latency.script", "<= 3x socket floor", lambda t, o, ratio, floor: o <= 3 * floor),
     Target("latency.python", ">= 1x torch", lambda t, o, ratio, floor: ratio >= 1),
     Target("latency.python_int", ">= 1x torch", lambda t, o, ratio, floor: ratio >= 1),
     Target("throughput.script.128", ">= 4x torch", lambda t, o, ratio, floor: ratio >= 4),
-    Target("throughput.python.128", ">= 1x torch", lambda t, o, ratio, floor: ratio >= 1),
+    Target("throughput.builtin.128", ">= 3x torch", lambda t, o, ratio, floor: ratio >= 3),
+    Target("throughput.python.128", ">= 2x torch", lambda t, o, ratio, floor: ratio >= 2),
     Target("cpu_bound.script.scaling", ">= 1.7x", lambda t, o, ratio, floor: o >= 1.7),
     Target("send.67108864", ">= 2x torch", lambda t, o, ratio, floor: ratio >= 2),
     Target("idle.callee", "< 1% of a core", lambda t, o, ratio, floor: o < 1),
@@ -145,7 +158,9 @@ TARGETS = [
     Target("rref.churn_live", "0 left", lambda t, o, ratio, floor: o == 0),
     Target("rref.churn_rss_again", "< 1 MB (no leak)", lambda t, o, ratio, floor: o < 1),
     Target("training.its", ">= 2x torch", lambda t, o, ratio, floor: ratio >= 2),
-    Target("training.vs_local", "<= 1.5x local", lambda t, o, ratio, floor: o <= 1.5),
+    Target("training.vs_local", "<= 1.3x local", lambda t, o, ratio, floor: o <= 1.3),
+    Target("compute.remote", ">= 1.0x torch", lambda t, o, ratio, floor: ratio >= 1.0),
+    Target("beside.idle", ">= 0.95x alone", lambda t, o, ratio, floor: o >= 0.95),
 ]
 
 
@@ -162,30 +177,32 @@ def aggregate_init(rank_results):
 
 
 def build(results, floor):
-    """Table rows as dicts: label, unit, torch, torchrpc, ratio, target, status."""
+    """Table rows as dicts: key, label, unit, target, and under "modes", per
+    launch mode, {"torch", "torchrpc", "ratio", "status"}."""
     floor_us = floor["median"] if floor else None
     table = []
     for row in ROWS:
-        torch_value, ours = row.value(results.get("torch", {})), row.value(results.get("torchrpc", {}))
-        if torch_value is None and ours is None:
+        values = {}
+        for mode, by_backend in results.items():
+            torch_value, ours = row.value(by_backend.get("torch", {})), row.value(by_backend.get("torchrpc", {}))
+            values[mode] = {"torch": torch_value, "torchrpc": ours, "ratio": row.ratio(torch_value, ours)}
+        if all(v["torch"] is None and v["torchrpc"] is None for v in values.values()):
             continue  # the job did not run (or failed: see the errors line)
-        ratio = row.ratio(torch_value, ours)
-        goals = [t for t in TARGETS if t.row == row.key]
-        if not goals:
-            table.append(_entry(row, torch_value, ours, ratio, "", ""))
-        for goal in goals:
-            try:
-                ok = goal.check(torch_value, ours, ratio, floor_us)
-                status = "PASS" if ok else "MISS"
-            except TypeError:  # a value is missing
-                status = "n/a"
-            table.append(_entry(row, torch_value, ours, ratio, goal.text, status))
+        for goal in [t for t in TARGETS if t.row == row.key] or [None]:
+            modes = {mode: dict(v, status=_status(goal, v, floor_us)) for mode, v in values.items()}
+            table.append({"key": row.key, "label": row.label, "unit": row.unit,
+                          "target": goal.text if goal else "", "modes": modes})
     return table
 
 
-def _entry(row, torch_value, ours, ratio, target, status):
-    return {"key": row.key, "label": row.label, "unit": row.unit, "torch": torch_value,
-            "torchrpc": ours, "ratio": ratio, "target": target, "status": status}
+def _status(goal, v, floor_us):
+    """PASS, MISS, n/a (a value is missing) or "" (no target)."""
+    if goal is None:
+        return ""
+    try:
+        return "PASS" if goal.check(v["torch"], v["torchrpc"], v["ratio"], floor_us) else "MISS"
+    except TypeError:
+        return "n/a"
 
 
 def fmt(value, unit):
@@ -218,10 +235,21 @@ def _fmt_ratio(ratio):
 
 
 def markdown(table, floor, meta, errors):
-    """The table as aligned Markdown, with the socket floor and run details."""
-    header = ["scenario", LABELS["torch"], LABELS["torchrpc"], "ratio", "target", ""]
-    lines = [[e["label"], fmt(e["torch"], e["unit"]), fmt(e["torchrpc"], e["unit"]),
-              _fmt_ratio(e["ratio"]), e["target"], e["status"]] for e in table]
+    """The table as aligned Markdown, the launch modes side by side, with the
+    socket floor and run details."""
+    modes = list(table[0]["modes"]) if table else []
+    header = ["scenario"]
+    for mode in modes:
+        short = "one" if mode == "one" else "sep."
+        header += [f"torch ({short})", f"torchrpc ({short})", f"ratio ({short})"]
+    header += ["target"] + [f"{'one' if m == 'one' else 'sep.'}" for m in modes]
+    lines = []
+    for e in table:
+        cells = [e["label"]]
+        for mode in modes:
+            v = e["modes"][mode]
+            cells += [fmt(v["torch"], e["unit"]), fmt(v["torchrpc"], e["unit"]), _fmt_ratio(v["ratio"])]
+        lines.append(cells + [e["target"]] + [e["modes"][m]["status"] for m in modes])
     widths = [max(len(str(c)) for c in col) for col in zip(header, *lines)]
 
     def line(cells):
@@ -229,23 +257,31 @@ def markdown(table, floor, meta, errors):
 
     out = [line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     out += [line(cells) for cells in lines]
+    out.append("")
+    out.append("Launch modes: " + "; ".join(
+        f"({'one' if m == 'one' else 'sep.'}) {MODE_LABELS[m]}" for m in modes)
+        + f". torch = {LABELS['torch']}.")
     if floor:
-        out.append("")
         runs = ", ".join(f"{m:.1f}" for m in floor.get("medians_of_runs", [floor["median"]]))
         out.append(f"Socket round trip floor (Unix stream, 1 byte, two processes): "
                    f"{floor['median']:.1f} µs median (p90 {floor['p90']:.1f} µs; "
                    f"lowest median of the runs at the start and end: {runs} µs).")
     out.append(f"Ratio > 1: torchrpc better. Medians. {meta['summary']}")
-    passed = sum(e["status"] == "PASS" for e in table)
-    judged = sum(e["status"] in ("PASS", "MISS") for e in table)
-    out.append(f"Targets: {passed}/{judged} PASS.")
+    for mode in modes:
+        statuses = [e["modes"][mode]["status"] for e in table]
+        out.append(f"Targets, {MODE_LABELS[mode]}: {statuses.count('PASS')}/"
+                   f"{statuses.count('PASS') + statuses.count('MISS')} PASS.")
     if errors:
         out.append(f"Failed (see results.json for their logs): {', '.join(sorted(errors))}.")
     return "\n".join(out)
 
 
+HATCHES = ("", "//")  # one per launch mode in the plot
+
+
 def plot(table, path):
-    """Horizontal bars of the ratios (log scale, 1 = parity) into a PNG."""
+    """Horizontal bars of the ratios (log scale, 1 = parity), one bar per
+    launch mode, into a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -253,23 +289,36 @@ def plot(table, path):
 
     seen, entries = set(), []
     for e in table:
-        if e["key"] in seen or e["ratio"] is None or math.isinf(e["ratio"]) or e["ratio"] <= 0:
+        ratios = [v["ratio"] for v in e["modes"].values()]
+        if e["key"] in seen or not any(r is not None and math.isfinite(r) and r > 0 for r in ratios):
             continue
         seen.add(e["key"])
         entries.append(e)
     if not entries:
         return False
     entries.reverse()  # first row on top
-    fig, ax = plt.subplots(figsize=(9, 0.32 * len(entries) + 1.5))
-    ratios = [e["ratio"] for e in entries]
-    colors = ["tab:green" if r >= 1 else "tab:red" for r in ratios]
-    ax.barh([e["label"] for e in entries], ratios, color=colors)
+    modes = list(entries[0]["modes"])
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(entries) + 1.5))
+    height = 0.8 / len(modes)
+    for i, mode in enumerate(modes):
+        ys = [y + (i - (len(modes) - 1) / 2) * height for y in range(len(entries))]
+        ratios = [e["modes"][mode]["ratio"] for e in entries]
+        shown = [r if r is not None and math.isfinite(r) and r > 0 else float("nan") for r in ratios]
+        ax.barh(ys, shown, height=height, label=MODE_LABELS[mode], hatch=HATCHES[i % len(HATCHES)],
+                color=["tab:green" if r >= 1 else "tab:red" for r in shown], edgecolor="black", linewidth=0.3)
+        for y, r in zip(ys, shown):
+            if math.isfinite(r):
+                ax.text(r, y, f" {r:.2f}x", va="center", fontsize=7)
+    ax.set_yticks(range(len(entries)))
+    ax.set_yticklabels([e["label"] for e in entries])
     ax.axvline(1.0, color="black", linewidth=1)
     ax.set_xscale("log")
-    for y, r in enumerate(ratios):
-        ax.text(r, y, f" {r:.2f}x", va="center", fontsize=8)
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(facecolor="white", edgecolor="black", hatch=HATCHES[i % len(HATCHES)],
+                             label=MODE_LABELS[m]) for i, m in enumerate(modes)], loc="lower right", fontsize=8)
     ax.set_xlabel("torchrpc vs torch.distributed.rpc (ratio, >1 = torchrpc better; log scale)")
-    ax.set_title("torchrpc / torch.distributed.rpc, medians")
+    ax.set_title("torchrpc / torch.distributed.rpc, medians, by launch mode")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

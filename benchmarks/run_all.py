@@ -1,22 +1,33 @@
 """torchrpc vs torch.distributed.rpc, side by side, in one run (``make bench``).
 
-    .venv/bin/python benchmarks/run_all.py            # full run, ~3 minutes
-    .venv/bin/python benchmarks/run_all.py --quick    # smoke run, under a minute
+    .venv/bin/python benchmarks/run_all.py            # full run
+    .venv/bin/python benchmarks/run_all.py --quick    # smoke run, a few minutes
     .venv/bin/python benchmarks/run_all.py --out DIR  # default benchmarks/results/
+    .venv/bin/python benchmarks/run_all.py --modes one  # one launch mode only
 
-For each job, the same scenarios run first on torch.distributed.rpc
-(TensorPipe) and then on torchrpc, each backend in fresh worker processes on
-127.0.0.1 with fresh ports:
+Every job runs in both launch modes (benchmarks.launch.MODES): its processes
+in one session, as torchrun starts them, and each in a session of its own,
+as separate terminals, services or containers start them. In each mode, the
+same scenarios run first on torch.distributed.rpc (TensorPipe) and then on
+torchrpc, each backend in fresh worker processes on 127.0.0.1 with fresh
+ports:
 
 - ``main`` (callee + caller): idle CPU, rpc_sync latency, rpc_async
   throughput with 1/16/128 in flight, tensor send 1 KB..64 MB;
 - ``scaling`` (callee + 2 caller processes): a CPU-bound callee with 1 and
   2 concurrent callers;
+- ``training``: the split RNN of tutorials/distributed_rnn.py;
+- ``compute`` (callee + caller): a callee that runs a small CNN inside its
+  calls, against the same forward pass in the caller;
+- ``beside`` (callee + caller + a compute loop that is not in the RPC job):
+  the loop's speed beside idle workers and workers that call now and then,
+  against its speed without them;
 - ``init`` with 2 and 4 workers: init_rpc and shutdown times.
 
-Then it prints the table (with the targets, PASS/MISS) and writes
-``results.json``, ``results.md`` and ``ratios.png`` into the out dir. A job
-that fails or hangs is reported (with its log tail) and its rows read n/a.
+Then it prints the table, the two modes side by side (with the targets,
+PASS/MISS), and writes ``results.json``, ``results.md`` and ``ratios.png``
+into the out dir. A job that fails or hangs is reported (with its log tail)
+and its rows read n/a.
 """
 
 import argparse
@@ -48,8 +59,10 @@ CONFIGS = {
         "floor_round_trips": 20000,
         "train_iterations": 300,
         "rnn": {"ntoken": 50, "ninp": 32, "nhid": 64, "nlayers": 2, "seq_len": 12, "batch": 16},
+        "compute_calls": 200,
+        "beside_rounds": 3, "beside_window_s": 1.0,
         "job_timeout_s": 150.0,
-        "jobs": ["main", "scaling", "training", "init2", "init4"],
+        "jobs": ["main", "scaling", "training", "compute", "beside", "init2", "init4"],
     },
     "quick": {
         "threads": 16, "rpc_timeout": 30.0,
@@ -62,15 +75,19 @@ CONFIGS = {
         "floor_round_trips": 2000,
         "train_iterations": 30,
         "rnn": {"ntoken": 50, "ninp": 32, "nhid": 64, "nlayers": 2, "seq_len": 12, "batch": 16},
+        "compute_calls": 20,
+        "beside_rounds": 1, "beside_window_s": 0.3,
         "job_timeout_s": 60.0,
-        "jobs": ["main", "scaling", "training", "init4"],
+        "jobs": ["main", "training", "compute", "beside", "init4"],
     },
 }
 
 #: (result key, job, world size): what can run, in order, for each backend
 #: (a config's "jobs" picks by result key).
 JOBS = [("main", "main", 2), ("scaling", "scaling", 3), ("training", "training", 2),
-        ("init2", "init", 2), ("init4", "init", 4)]
+        ("compute", "compute", 2), ("beside", "beside", 3), ("init2", "init", 2), ("init4", "init", 4)]
+#: The rank whose result a job reports (default 1, the caller).
+RESULT_RANK = {"beside": 2}
 
 
 def socket_floor(cfg):
@@ -93,31 +110,35 @@ def _floor(cfg, errors):
     return floor
 
 
-def run_backends(names, cfg, torch_transports, errors):
-    """Runs every job on every backend; returns results[backend][result key]."""
+def run_backends(names, modes, cfg, torch_transports, errors):
+    """Runs every job in every launch mode on every backend; returns
+    results[mode][backend][result key]."""
     import torch.distributed as dist
 
     control = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                             timeout=datetime.timedelta(seconds=cfg["job_timeout_s"]))
-    results = {name: {} for name in names}
+    results = {mode: {name: {} for name in names} for mode in modes}
     for key, job, world in JOBS:
         if key not in cfg["jobs"]:
             continue
-        for name in names:
-            reps = cfg["init_reps"] if job == "init" else 1
-            start = time.monotonic()
-            print(f"  {backends.LABELS[name]:<22} {key:<8} ({world} processes) ...", end="", flush=True)
-            try:
-                ranks = launch.run_job(job, name, world, control.port, cfg, cfg["job_timeout_s"],
-                                       ports=[launch.free_port() for _ in range(reps)],
-                                       torch_transports=torch_transports)
-            except launch.JobFailed as err:
-                print(" FAILED")
-                errors[f"{name}/{key}"] = str(err)
-                print(f"    {err}".replace("\n", "\n    "), file=sys.stderr)
-                continue
-            print(f" {time.monotonic() - start:.1f} s")
-            results[name][key] = report.aggregate_init(ranks) if job == "init" else ranks[1]
+        for mode in modes:
+            for name in names:
+                reps = cfg["init_reps"] if job == "init" else 1
+                start = time.monotonic()
+                print(f"  {launch.MODE_LABELS[mode]:<17} {backends.LABELS[name]:<22} {key:<8} "
+                      f"({world} processes) ...", end="", flush=True)
+                try:
+                    ranks = launch.run_job(job, name, world, control.port, cfg, cfg["job_timeout_s"],
+                                           ports=[launch.free_port() for _ in range(reps)],
+                                           torch_transports=torch_transports, mode=mode)
+                except launch.JobFailed as err:
+                    print(" FAILED")
+                    errors[f"{mode}/{name}/{key}"] = str(err)
+                    print(f"    {err}".replace("\n", "\n    "), file=sys.stderr)
+                    continue
+                print(f" {time.monotonic() - start:.1f} s")
+                results[mode][name][key] = (report.aggregate_init(ranks) if job == "init"
+                                            else ranks[RESULT_RANK.get(job, 1)])
     return results
 
 
@@ -139,17 +160,20 @@ def metadata(cfg_name, torch_transports):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="short smoke run (under a minute)")
+    parser.add_argument("--quick", action="store_true", help="short smoke run (a few minutes)")
     parser.add_argument("--out", default=os.path.join(launch.ROOT, "benchmarks", "results"),
                         help="directory for results.json, results.md, ratios.png")
     parser.add_argument("--backends", default=",".join(backends.NAMES),
                         help="comma-separated subset of: " + ", ".join(backends.NAMES))
+    parser.add_argument("--modes", default=",".join(launch.MODES),
+                        help="comma-separated launch modes: " + ", ".join(launch.MODES))
     parser.add_argument("--jobs", default=None,
                         help="comma-separated subset of the config's jobs (e.g. training)")
     parser.add_argument("--torch-transports", default=None,
                         help="TensorPipe transports for torch.distributed.rpc, e.g. 'uv' (default: its own choice)")
     args = parser.parse_args(argv)
     names = [n for n in backends.NAMES if n in args.backends.split(",")]
+    modes = [m for m in launch.MODES if m in args.modes.split(",")]
     transports = args.torch_transports.split(",") if args.torch_transports else None
     cfg_name = "quick" if args.quick else "full"
     cfg = dict(CONFIGS[cfg_name])
@@ -158,15 +182,17 @@ def main(argv=None):
     started = time.monotonic()
     load = os.getloadavg()
     print(f"torchrpc benchmarks ({cfg_name}): {', '.join(backends.LABELS[n] for n in names)}; "
+          f"{', '.join(launch.MODE_LABELS[m] for m in modes)}; "
           f"load average {load[0]:.2f} (numbers are noisy when other work runs)")
     errors = {}
     floors = [_floor(cfg, errors)]
-    results = run_backends(names, cfg, transports, errors)
+    results = run_backends(names, modes, cfg, transports, errors)
     floors.append(_floor(cfg, errors))
     floor = min((f for f in floors if f), key=lambda f: f["median"], default=None)
     if floor:
         floor["medians_of_runs"] = [f["median"] for f in floors if f]
     meta = metadata(cfg_name, transports)
+    meta["modes"] = modes
     meta["wall_s"] = time.monotonic() - started
     meta["load_average_start"], meta["load_average_end"] = load, os.getloadavg()
     meta["summary"] += (f" Load average (1 min): {load[0]:.2f} at the start, "

@@ -23,8 +23,7 @@ LATENCY_CALLS = {
     "python_int": (remote_fns.int_python, (1,)),
 }
 
-#: rpc_async throughput and CPU-bound scaling: kind -> function.
-TINY_BY_KIND = {"script": remote_fns.tiny_script, "python": remote_fns.tiny_python}
+#: CPU-bound scaling: kind -> function.
 BUSY_BY_KIND = {"script": remote_fns.busy_script, "python": remote_fns.busy_python}
 
 
@@ -61,15 +60,16 @@ def throughput(rpc, to, cfg):
     wait for all of them; the median over a few rounds of fixed duration.
 
     Returns:
-        {kind: {str(N): calls/s}} for kind in script, python.
+        {kind: {str(N): calls/s}} for kind in script, builtin, python (the
+        tiny calls of LATENCY_CALLS).
     """
-    arg = torch.ones(2)
     out = {}
-    for kind, fn in TINY_BY_KIND.items():
+    for kind in ("script", "builtin", "python"):
+        fn, args = LATENCY_CALLS[kind]
         out[kind] = {}
         for depth in cfg["throughput_depths"]:
             def batch():
-                futures = [rpc.rpc_async(to, fn, args=(arg,)) for _ in range(depth)]
+                futures = [rpc.rpc_async(to, fn, args=args) for _ in range(depth)]
                 torch.futures.wait_all(futures)
                 return depth
 

@@ -1,7 +1,7 @@
 """One benchmark process: ``python -m benchmarks.worker --spec SPEC --rank R``.
 
 SPEC is a JSON file written by :mod:`benchmarks.launch`: the backend, the job
-(``main``, ``scaling`` or ``init``), world size, ports, the control store and
+(a key of :data:`JOBS`), world size, ports, the control store and
 the run's sizes. The worker plays the role its rank has in that job and writes
 ``<out_dir>/rank<R>.json``. Rank 0 is the callee in ``main`` and ``scaling``.
 """
@@ -13,20 +13,21 @@ import os
 import sys
 import traceback
 
-from benchmarks import backends, scenarios
+from benchmarks import backends, compute, scenarios
 from benchmarks.control import Control
 
 CALLEE = "callee"
 
 
-def _init(backend, control, name, rank, spec):
-    """init_rpc, then wait until every worker of the job has returned from it.
+def _init(backend, control, name, rank, spec, world_size=None):
+    """init_rpc, then wait until every process of the job has returned from it.
 
     The barrier starts every measurement from the same state on both backends:
-    no call overlaps another worker's init_rpc.
+    no call overlaps another worker's init_rpc. `world_size`: of the RPC job,
+    when not every process of the benchmark job joins it.
     """
     cfg = spec["cfg"]
-    backend.rpc.init_rpc(name, rank=rank, world_size=spec["world_size"],
+    backend.rpc.init_rpc(name, rank=rank, world_size=world_size or spec["world_size"],
                          rpc_backend_options=backend.options(spec["ports"][0], cfg["threads"],
                                                              cfg["rpc_timeout"]))
     control.barrier("ready")
@@ -93,13 +94,37 @@ def job_training(backend, control, rank, spec):
     return result
 
 
+def job_compute(backend, control, rank, spec):
+    """Two workers: a callee that runs a CNN inside its calls, and its caller.
+    Both keep torch's intra-op thread setting."""
+    if rank == 0:
+        return _serve(backend, control, rank, spec)
+    _init(backend, control, "caller", rank, spec)
+    result = {"compute": compute.callee(backend.rpc, CALLEE, spec["cfg"])}
+    backend.rpc.shutdown()
+    return result
+
+
+#: The roles of the ``beside`` job, by rank.
+BESIDE_ROLES = ("callee", "caller", "loop")
+
+
+def job_beside(backend, control, rank, spec):
+    """A callee, a caller and, in a third process that never joins the RPC
+    job, a compute loop (see benchmarks.compute.beside)."""
+    return {"beside": compute.beside(BESIDE_ROLES[rank], backend, control,
+                                     lambda name: _init(backend, control, name, rank, spec, world_size=2),
+                                     spec["cfg"])}
+
+
 def job_init(backend, control, rank, spec):
     """Every worker: init_rpc and shutdown times, once per port."""
     return scenarios.init_shutdown(backend, f"worker{rank}", rank, spec["world_size"],
                                    spec["ports"], control, spec["cfg"])
 
 
-JOBS = {"main": job_main, "scaling": job_scaling, "training": job_training, "init": job_init}
+JOBS = {"main": job_main, "scaling": job_scaling, "training": job_training, "compute": job_compute,
+        "beside": job_beside, "init": job_init}
 
 
 def main(argv=None):

@@ -3,17 +3,20 @@
 // Intra-op threads of the threads torchrpc creates.
 //
 // Torch's CPU ops split large work over an OpenMP team of at::get_num_threads()
-// threads (the number of cores by default), one team per thread that starts a
-// parallel region. Once a second thread (a callee's pool thread next to the
-// main thread) has a team, libgomp counts more threads than cores and stops
-// spinning between regions for every team: each region then pays futex
-// wake-ups. Measured on 2 cores: the same ops took 8x longer in a second
-// thread, and an LSTM's backward pass 10x (5.4 vs 0.5 ms).
+// threads, one team per thread that starts a parallel region. By default a
+// torchrpc thread (a callee's pool thread, the callback thread) follows
+// torch's setting, as torch.distributed.rpc's threads do: a callee that runs
+// a network inside its calls computes at torch's speed, and its results are
+// bit-identical to torch's for the same thread count (reductions split their
+// work by thread count, so 1 and 2 threads differ in the last digits).
+// Torch sets a new thread's count lazily, at its first parallel op, from the
+// process's setting (torch.set_num_threads, OMP_NUM_THREADS, else the cores).
 //
-// So by default a torchrpc thread runs ops on itself alone: callees get their
-// parallelism from serving calls concurrently. TORCHRPC_INTRA_OP_THREADS=n
-// gives each torchrpc thread n intra-op threads instead (0 keeps torch's
-// setting).
+// TORCHRPC_INTRA_OP_THREADS=n gives each torchrpc thread n intra-op threads
+// instead (0 or unset: torch's setting). n=1 suits a callee that serves many
+// concurrent callers on few cores: once a second thread has a team, libgomp
+// counts more threads than cores and stops spinning between regions for every
+// team (measurements: benchmarks/HISTORY.md, "Threads").
 
 #include <ATen/Parallel.h>
 
@@ -30,12 +33,13 @@ namespace torchrpc::common {
 inline int intraOpThreads() {
   static const int n = [] {
     const char* v = std::getenv("TORCHRPC_INTRA_OP_THREADS");
-    return v != nullptr ? std::atoi(v) : 1;
+    return v != nullptr ? std::atoi(v) : 0;
   }();
   return n;
 }
 
-// Call once at the start of every thread torchrpc creates that may run ops.
+// Call once at the start of every thread torchrpc creates that may run ops:
+// applies TORCHRPC_INTRA_OP_THREADS, if set, to this thread.
 inline void initIntraOpThreads() {
   const int n = intraOpThreads();
   if (n <= 0) return;

@@ -19,11 +19,17 @@
 // short budget every thread on the other side is asleep when the next
 // message comes. A worker with an open context but no traffic still sleeps.
 // Measurements: benchmarks/HISTORY.md.
+//
+// Every poll first asks the process's WaitPolicy (common/wait_policy.h): a
+// thread polls only while that measures polling as free (no work waits for
+// the core it would take); otherwise it sleeps at once.
 
 #include <sched.h>
 
 #include <algorithm>
 #include <chrono>
+
+#include "common/wait_policy.h"
 
 namespace torchrpc::common {
 
@@ -39,11 +45,16 @@ bool spinEnabled();
 void setTrainingSpin(bool on);
 
 // Polls `ready` until it returns true or the budget runs out; returns its last
-// value. `budget` defaults to spinBudget(); TORCHRPC_SPIN_US=0 disables every spin.
+// value. `budget` defaults to spinBudget(); TORCHRPC_SPIN_US=0 disables every
+// spin, and the wait policy any one poll.
 template <typename Ready>
 bool spinUntil(Ready&& ready, std::chrono::microseconds budget = spinBudget()) {
   if (budget.count() <= 0 || !spinEnabled()) return ready();
-  auto end = std::chrono::steady_clock::now() + budget;
+  if (ready()) return true;
+  const auto start = std::chrono::steady_clock::now();
+  const PollGrant grant(start);
+  if (!grant) return false;
+  const auto end = start + budget;
   while (true) {
     if (ready()) return true;
     if (std::chrono::steady_clock::now() >= end) return false;

@@ -9,6 +9,7 @@
 #include "agent/core_spread.h"
 #include "auth/handshake.h"
 #include "auth/hmac.h"
+#include "common/wait_policy.h"
 #include "autograd/autograd_messages.h"
 #include "message/pickle_check.h"
 #include "message/wire.h"
@@ -203,4 +204,35 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "on_child_accept", [](const Ctx& c, int fw, int64_t fl) { c->onChildAccept({fw, fl}); },
       py::call_guard<py::gil_scoped_release>());
+  // The wait policy (tests/unit/test_wait_policy.py): its rules fed made-up
+  // measurements, a policy whose sampler is a Python callable returning
+  // (runnable, other_pollers) and whose clock is the caller's (µs), and one
+  // real sample of this host.
+  namespace wp = torchrpc::common;
+  using us = std::chrono::microseconds;
+  m.def("wait_core_free", [](int runnable, int otherPollers, int ourPollers, int cores) {
+    return wp::WaitPolicy::coreFree(wp::WaitSample{runnable, otherPollers}, ourPollers, cores);
+  });
+  m.def("wait_lost_core", [](int64_t waitedUs, int64_t arrivals) {
+    return wp::WaitPolicy::lostCore(us(waitedUs), arrivals);
+  });
+  py::class_<wp::WaitPolicy>(m, "WaitPolicy")
+      .def(py::init([](int cores, py::function sampler) {
+        return new wp::WaitPolicy(cores, [sampler] {
+          py::gil_scoped_acquire gil;
+          auto [runnable, others] = sampler().cast<std::pair<int, int>>();
+          return wp::WaitSample{runnable, others};
+        });
+      }))
+      .def("enter", [](wp::WaitPolicy& p, int64_t nowUs) { return p.enter(wp::WaitPolicy::Clock::time_point(us(nowUs))); })
+      .def("leave", &wp::WaitPolicy::leave)
+      .def("probed", [](wp::WaitPolicy& p, int64_t endUs, int64_t waitedUs, int64_t arrivals) {
+        p.probed(wp::WaitPolicy::Clock::time_point(us(endUs)), us(waitedUs), arrivals);
+      })
+      .def_property_readonly("pollers", &wp::WaitPolicy::pollers);
+  m.def("host_wait_sample", [] {
+    const auto& p = wp::WaitPolicy::process();
+    const auto s = p.sample();
+    return py::make_tuple(s.runnable, s.otherPollers, p.cores(), p.measures());
+  });
 }

@@ -433,6 +433,12 @@ def call_many(to, n, iterations):
     return n / (time.perf_counter() - started)
 
 
+def call_repeatedly(to, fn, args, n):
+    """n back-to-back rpc_sync of fn(*args) to `to`, from this worker."""
+    for _ in range(n):
+        rpc.rpc_sync(to, fn, args=args)
+
+
 _running = {"now": 0, "most": 0}
 _running_lock = threading.Lock()
 

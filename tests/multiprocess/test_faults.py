@@ -152,7 +152,7 @@ def test_sigkill_mid_rref_fork_releases_the_owners_value(job):
 def test_sigstop_with_no_timeout_fails_within_the_heartbeat(job):
     pid = job.procs[5].pid
     assert rpc.rpc_sync("worker5", funcs.pid) == pid  # connected
-    os.kill(pid, signal.SIGSTOP)
+    probes.stop(pid)
     try:
         started = time.monotonic()
         fut = rpc.rpc_async("worker5", funcs.pid, timeout=0)  # only the heartbeat can end it

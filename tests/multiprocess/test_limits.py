@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import torchrpc as rpc
-from tests.multiprocess import funcs
+from tests.multiprocess import funcs, probes
 from tests.multiprocess.cluster import Cluster
 
 CALLS_IN_FLIGHT = 2
@@ -65,7 +65,7 @@ def test_a_stopped_peer_fails_a_call_without_timeout_within_the_heartbeat(job):
             result["error"] = exc
         result["seconds"] = time.monotonic() - start
 
-    os.kill(pid, signal.SIGSTOP)
+    probes.stop(pid)
     try:
         t = threading.Thread(target=call)
         t.start()

@@ -17,7 +17,8 @@ def test_demo():
 
 @pytest.mark.timeout(240)
 def test_benchmarks_quick(tmp_path):
-    run(["benchmarks/run_all.py", "--quick", "--out", str(tmp_path)], timeout=230)
+    # Both launch modes: the main job, the compute-heavy callee, and the loop beside workers.
+    run(["benchmarks/run_all.py", "--quick", "--jobs", "main,compute,beside", "--out", str(tmp_path)], timeout=230)
     files = os.listdir(tmp_path)
     assert any(f.endswith(".png") for f in files), files
     results = [f for f in files if f.endswith(".json")]
@@ -25,6 +26,8 @@ def test_benchmarks_quick(tmp_path):
     with open(tmp_path / results[0]) as f:
         data = json.load(f)
     assert data, "empty benchmark results"
+    assert set(data["raw"]) == {"one", "separate"}, data["raw"].keys()
+    assert not data["errors"], data["errors"]
 
 
 @pytest.mark.timeout(120)

@@ -1,0 +1,47 @@
+#pragma once
+
+// HostPollers: how many threads of this user's torchrpc processes on this
+// host are polling right now (common/spin.h), so that the wait policy
+// (common/wait_policy.h) can tell pollers, which give way, from work when it
+// counts the host's runnable threads.
+//
+// Each process publishes its count in its own slot of a small table in shared
+// memory (/dev/shm/torchrpc-pollers-v1-<uid>, mode 0600): {pid, pollers}, one
+// cache line each. A process claims a free slot, or one whose pid is dead, on
+// first use and frees it at exit. Readers skip dead pids and clamp every
+// count, so a crashed process or a hostile table can skew the policy only
+// towards polling as it did before it measured. Without /dev/shm (or if the
+// file is not this user's own), only this process's pollers are known.
+//
+// Thread-safe; begin() and end() are the hot path (one atomic add each). A child after fork()
+// starts with no pollers and claims its own slot.
+
+namespace torchrpc::common {
+
+class HostPollers {
+ public:
+  static HostPollers& instance();
+
+  struct Slot;  // opaque outside host_pollers.cpp
+
+  // A poll of this process begins: counts it in this process's slot, and
+  // returns that slot (nullptr if none) for end().
+  Slot* begin();
+  // The poll that begin() counted in `slot` ended.
+  static void end(Slot* slot);
+  // Pollers of the other live processes in the table (scans it: for samples only).
+  int others();
+
+  HostPollers(const HostPollers&) = delete;
+  HostPollers& operator=(const HostPollers&) = delete;
+
+ private:
+  HostPollers();
+  ~HostPollers();
+  struct Table;
+  Slot* claim();
+
+  Table* table_ = nullptr;  // nullptr: no shared table
+};
+
+}  // namespace torchrpc::common
