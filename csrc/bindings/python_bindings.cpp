@@ -14,6 +14,7 @@
 #include "agent/agent.h"
 #include "autograd/context.h"
 #include "autograd/engine.h"
+#include "bindings/torch_backend_bindings.h"
 #include "common/error.h"
 #include "common/spin.h"
 #include "jit_ops/script_rref.h"
@@ -194,6 +195,7 @@ Call send(Agent& agent, int dst, Message&& m, double timeout, const std::string&
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torchrpc native core (internal; use the torchrpc package)";
   py::register_local_exception_translator(translateErrors);
+  torchrpc::bindings::registerTorchBackend(m);  // the TORCHRPC backend (torch_backend_bindings.cpp)
 
   py::class_<Call>(m, "Call")
       .def("result", &Call::result)
