@@ -30,6 +30,15 @@ void registerTorchBackend(py::module& m) {
              return std::make_shared<TorchAgent>(std::move(s), options, std::move(callback));
            }),
            py::arg("store"), py::arg("options"))
+      // Upstream binds get_worker_info(id) on its TensorPipe agent only; a
+      // method of that name here hides the base's, so all three are here.
+      .def("get_worker_info", py::overload_cast<>(&TorchAgent::getWorkerInfo, py::const_),
+           py::return_value_policy::reference_internal)
+      .def("get_worker_info", py::overload_cast<const std::string&>(&TorchAgent::getWorkerInfo, py::const_),
+           py::return_value_policy::reference_internal)
+      .def("get_worker_info",
+           py::overload_cast<torch::distributed::rpc::worker_id_t>(&TorchAgent::getWorkerInfo, py::const_),
+           py::return_value_policy::reference_internal)
       .def("_pending_requests", [](const TorchAgent& a) { return a.torchrpcAgent()->pendingCount(); });
 }
 

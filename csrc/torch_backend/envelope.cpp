@@ -17,6 +17,9 @@ c10::intrusive_ptr<upstream::Message> unwrap(const char* data, size_t size, std:
   int32_t type = 0;
   std::memcpy(&type, data, kTypeBytes);
   for (size_t i = 0; i < tensors.size(); ++i) {
+    // A call to oneself skips the wire and hands over the caller's tensors:
+    // the callee's autograd must not attach to the caller's graph.
+    tensors[i] = tensors[i].detach();
     const char flag = data[kTypeBytes + i];
     TORCH_CHECK(flag == 0 || flag == 1, "malformed TORCH_", request ? "REQUEST" : "RESPONSE",
                 " frame: requires-grad flag ", static_cast<int>(flag), " of tensor ", i);

@@ -125,12 +125,10 @@ c10::intrusive_ptr<upstream::JitFuture> TorchAgent::send(const upstream::WorkerI
     return out;
   }
   in->addCallback([this, out](c10::ivalue::Future& done) {
-    // On the I/O thread or the deadline sweeper: upstream's callbacks run
-    // user code, which must not stall those, so they run on the pool.
-    if (agent::ThreadPool::onPoolThread()) {
-      complete(*out, done);
-      return;
-    }
+    // This runs on the I/O thread, the deadline sweeper, or a pool thread
+    // that holds the loop's turn (transport/loop.h pollOnce): upstream's
+    // callbacks run user code, which must not stall reading, so always on a
+    // pool task of its own.
     auto result = c10::intrusive_ptr<c10::ivalue::Future>::reclaim_copy(&done);
     agent_->pool().run([this, out, result] { complete(*out, *result); });
   });
@@ -252,12 +250,13 @@ const upstream::WorkerInfo& TorchAgent::getWorkerInfo(const std::string& workerN
   if (it != byName_.end()) return byRank_[it->second];
   std::string known;
   for (const auto& info : byRank_) known += (known.empty() ? "" : ", ") + info.name_;
-  TORCH_CHECK(false, "Unknown destination worker ", workerName, ": the job's workers are ", known);
+  // Upstream's phrase ("could not find destination"), which its programs match.
+  TORCH_CHECK(false, "could not find destination worker '", workerName, "' in the job; its workers are ", known);
 }
 
 const upstream::WorkerInfo& TorchAgent::getWorkerInfo(upstream::worker_id_t id) const {
-  TORCH_CHECK(id >= 0 && static_cast<size_t>(id) < byRank_.size(), "Unknown destination worker ", id,
-              ": the job's ranks are 0 to ", byRank_.size() - 1);
+  TORCH_CHECK(id >= 0 && static_cast<size_t>(id) < byRank_.size(), "could not find destination worker of rank ", id,
+              " in the job; its ranks are 0 to ", byRank_.size() - 1);
   return byRank_[id];
 }
 
@@ -272,15 +271,18 @@ std::unordered_map<std::string, std::string> TorchAgent::getMetrics() {
   // Upstream's keys (TensorPipe's agent reports the same).
   const size_t threads = agent_->options().numWorkerThreads;
   const size_t busy = stopped_.load() ? 0 : agent_->pool().busy();
-  const uint64_t waits = gilWaits_.load();
-  return {
+  std::unordered_map<std::string, std::string> metrics{
       {"agent.thread_pool_size", std::to_string(threads)},
       {"agent.num_idle_threads", std::to_string(threads - std::min(threads, busy))},
       {"agent.client_active_calls", std::to_string(clientCalls())},
       {"agent.server_active_calls", std::to_string(serverStats_->calls.load())},
       {"agent.server_active_async_calls", std::to_string(serverStats_->asyncCalls.load())},
-      {"agent.gil_average_wait_time_us", std::to_string(waits ? gilWaitMicros_.load() / waits : 0)},
   };
+  if (isGILProfilingEnabled()) {  // upstream's rpc._enable_gil_profiling
+    const uint64_t waits = gilWaits_.load();
+    metrics["agent.gil_average_wait_time_us"] = std::to_string(waits ? gilWaitMicros_.load() / waits : 0);
+  }
+  return metrics;
 }
 
 std::unordered_map<std::string, std::string> TorchAgent::getDebugInfo() {

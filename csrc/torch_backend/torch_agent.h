@@ -62,6 +62,7 @@ class TorchAgent : public upstream::RpcAgent {
                                                const float rpcTimeoutSeconds = upstream::kUnsetRpcTimeout,
                                                const upstream::DeviceMap& deviceMap = {}) override;
 
+  using upstream::RpcAgent::getWorkerInfo;  // this worker's own, beside the overrides
   const upstream::WorkerInfo& getWorkerInfo(const std::string& workerName) const override;
   const upstream::WorkerInfo& getWorkerInfo(upstream::worker_id_t id) const override;
   std::vector<upstream::WorkerInfo> getWorkerInfos() const override;
