@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 NATIVE := $(shell find csrc jit_ops -name '*.cpp' -o -name '*.h' 2>/dev/null)
 
-.PHONY: demo test bench build cpp-worker
+.PHONY: demo test bench build cpp-worker test-torch-backend
 
 demo: $(VENV)/.built
 	$(PY) tutorials/demo.py
@@ -22,6 +22,23 @@ build: $(VENV)/.built
 # A C++ program that joins a job with no Python (tutorials/cpp_worker).
 cpp-worker: $(VENV)/.built
 	$(PY) tutorials/cpp_worker/build.py
+
+# PyTorch's own RPC test suite against the TORCHRPC backend
+# (tests/torch_backend_upstream/upstream_suite.py); long, so not in `make test`.
+# It needs expecttest, which the project does not: a side venv that sees .venv
+# holds it. Pick tests with ARGS, e.g. make test-torch-backend ARGS="-k test_add".
+UPSTREAM_VENV := .venv-upstream
+ARGS ?=
+test-torch-backend: $(UPSTREAM_VENV)/.ready
+	$(UPSTREAM_VENV)/bin/python -m pytest tests/torch_backend_upstream/upstream_suite.py -p no:cacheprovider \
+		-o addopts="" -o filterwarnings="" -o timeout=300 -q $(ARGS)
+
+$(UPSTREAM_VENV)/.ready: $(VENV)/.built
+	$(PYTHON) -m venv $(UPSTREAM_VENV)
+	$(PY) -c 'import site; print(site.getsitepackages()[0])' > $(UPSTREAM_VENV)/lib/python3.11/site-packages/zz_project.pth
+	pwd >> $(UPSTREAM_VENV)/lib/python3.11/site-packages/zz_project.pth
+	$(UPSTREAM_VENV)/bin/python -m pip install -q expecttest
+	touch $@
 
 $(VENV)/.deps: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -36,6 +36,7 @@ from torchrpc.options import BackendType, RpcBackendOptions, RpcOptions
 from torchrpc.rref import RRef
 from torchrpc import nn  # noqa: E402 (after the API it builds on)
 from torchrpc.profiler import _server_process_global_profile
+from torchrpc import torch_backend  # noqa: E402,F401  (registers torch.distributed.rpc's TORCHRPC backend)
 
 #: torch.distributed.rpc's names for the options, so that its programs run
 #: unchanged (device maps must stay empty: torchrpc sends CPU tensors only).

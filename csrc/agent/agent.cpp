@@ -53,6 +53,13 @@ at::Tensor bytesTensor(std::string&& bytes) {
                        at::TensorOptions().dtype(at::kByte));
 }
 
+// A response the agent does not decode: (payload as a uint8 tensor, tensors).
+c10::IValue rawResponse(message::Message&& m) {
+  c10::List<at::Tensor> tensors;
+  for (auto& t : m.tensors) tensors.push_back(std::move(t));
+  return c10::ivalue::Tuple::create({bytesTensor(std::move(m.payload)), std::move(tensors)});
+}
+
 }  // namespace
 
 Agent::Agent(AgentOptions options)
@@ -223,12 +230,12 @@ void Agent::onResponse(message::Message&& m, int src, uint64_t connectionId) {
                                                       script_dispatch::kPolicyRefusal));
           return;
         }
-        c10::List<at::Tensor> tensors;
-        for (auto& t : m.tensors) tensors.push_back(std::move(t));
-        call->future->markCompleted(
-            c10::ivalue::Tuple::create({bytesTensor(std::move(m.payload)), std::move(tensors)}));
+        call->future->markCompleted(rawResponse(std::move(m)));
         return;
       }
+      case message::MessageType::kTorchResponse:  // upstream's message: the backend decodes it
+        call->future->markCompleted(rawResponse(std::move(m)));
+        return;
       case message::MessageType::kException: {
         message::RemoteException e = message::messageException(m);
         // No worker: a relayed error whose message names where it was raised.

@@ -106,8 +106,8 @@ class Agent : public std::enable_shared_from_this<Agent> {
   void startServing();
 
   // Sends a request to rank dst. The future completes with the response's
-  // value: SCRIPT_RET's IValue, or for PYTHON_RET a tuple (payload as a uint8
-  // tensor, list of tensors); or fails with an RpcError. callKind and function
+  // value: SCRIPT_RET's IValue, or for PYTHON_RET and TORCH_RESPONSE a tuple
+  // (payload as a uint8 tensor, list of tensors); or fails with an RpcError. callKind and function
   // name the call in errors: "rpc_sync #7 worker0 -> worker1 (addr) 'f'".
   // timeoutSeconds <= 0 means no deadline. Never throws: a request refused
   // before anything was sent (a bad rank, a tensor the wire refuses) fails

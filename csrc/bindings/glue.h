@@ -1,7 +1,7 @@
 #pragma once
 
 // What the binding files share (python_bindings.cpp, rref_bindings.cpp,
-// autograd_bindings.cpp): how a call in flight, a call message and a result
+// autograd_bindings.cpp, torch_backend_bindings.cpp): how a call in flight, a call message and a result
 // look to Python. Each file binds one concept; the module init calls them.
 
 #include <torch/csrc/utils/pybind.h>
@@ -96,5 +96,6 @@ bool sendMayWait(const Agent& agent, int dst, const Message& m);
 // The binding of each concept, called once from the module init.
 void bindRRefs(py::module_& m);
 void bindAutograd(py::module_& m);
+void bindTorchBackend(py::module_& m);
 
 }  // namespace torchrpc::bindings

@@ -80,6 +80,7 @@ Call send(Agent& agent, int dst, Message&& m, double timeout, const std::string&
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torchrpc native core (internal; use the torchrpc package)";
   py::register_local_exception_translator(translateErrors);
+  torchrpc::bindings::bindTorchBackend(m);  // the TORCHRPC backend (torch_backend_bindings.cpp)
 
   py::class_<Call>(m, "Call")
       .def("result", &Call::result)

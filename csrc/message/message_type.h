@@ -50,6 +50,12 @@ enum class MessageType : uint16_t {
   // Profiling (80-89): see csrc/profiling/.
   kProfiledCall = 80,  // a request sent while the caller profiles: envelope + request
   kProfiledRet = 81,   // the response to one: the callee's profiler events + response
+
+  // torch.distributed.rpc's own messages (90-99), carried for the TORCHRPC
+  // backend (csrc/torch_backend/): upstream's message type, then its payload;
+  // tensors beside, as for every message. torchrpc never decodes the payload.
+  kTorchRequest = 90,
+  kTorchResponse = 91,
 };
 
 inline bool isRequest(MessageType t) {
@@ -59,13 +65,13 @@ inline bool isRequest(MessageType t) {
          t == MessageType::kAutogradCall || t == MessageType::kAutogradBackward ||
          t == MessageType::kAutogradCleanup || t == MessageType::kAutogradPassDone ||
          t == MessageType::kMemberJoin || t == MessageType::kMemberLeave ||
-         t == MessageType::kProfiledCall;
+         t == MessageType::kProfiledCall || t == MessageType::kTorchRequest;
 }
 
 inline bool isResponse(MessageType t) {
   return t == MessageType::kScriptRet || t == MessageType::kPythonRet ||
          t == MessageType::kException || t == MessageType::kAutogradRet ||
-         t == MessageType::kProfiledRet;
+         t == MessageType::kProfiledRet || t == MessageType::kTorchResponse;
 }
 
 const char* messageTypeName(MessageType t);

@@ -38,6 +38,8 @@ const char* messageTypeName(MessageType t) {
     case MessageType::kAutogradPassDone: return "AUTOGRAD_PASS_DONE";
     case MessageType::kMemberJoin: return "MEMBER_JOIN";
     case MessageType::kMemberLeave: return "MEMBER_LEAVE";
+    case MessageType::kTorchRequest: return "TORCH_REQUEST";
+    case MessageType::kTorchResponse: return "TORCH_RESPONSE";
   }
   return "UNKNOWN";
 }

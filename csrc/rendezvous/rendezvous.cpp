@@ -239,4 +239,14 @@ std::set<int> Rendezvous::barrier(const std::string& tag, double timeoutSeconds,
   return goneRanks;
 }
 
+Rendezvous::Tally Rendezvous::tally(const std::string& tag, int64_t value, double timeoutSeconds,
+                                    const std::function<bool(int)>& gone) {
+  // Added before arriving: once all arrived, the sum is complete.
+  store_->add(tag + "/sum", value);
+  Tally out;
+  out.gone = barrier(tag, timeoutSeconds, gone);
+  out.sum = store_->add(tag + "/sum", 0);
+  return out;
+}
+
 }  // namespace torchrpc::rendezvous

@@ -61,6 +61,14 @@ class Rendezvous {
   // that were gone instead of arriving. Throws on timeout, naming the ranks
   // still missing.
   std::set<int> barrier(const std::string& tag, double timeoutSeconds, const std::function<bool(int)>& gone = {});
+  // barrier() that also adds up `value` over the workers that arrived (an
+  // all-reduce of one count: the TORCHRPC backend's join counts calls in
+  // flight). A tag is used once.
+  struct Tally {
+    int64_t sum{0};
+    std::set<int> gone;
+  };
+  Tally tally(const std::string& tag, int64_t value, double timeoutSeconds, const std::function<bool(int)>& gone = {});
 
   // Claims the store for this kind of job (static or dynamic); throws
   // c10::Error (RuntimeError) if the other kind holds it. releaseKind() gives

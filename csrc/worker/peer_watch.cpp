@@ -1,13 +1,9 @@
 #include "worker/peer_watch.h"
 
-#include "autograd/context.h"
-#include "common/logging.h"
-
 namespace torchrpc::worker {
 
-std::shared_ptr<PeerWatch> PeerWatch::create(std::shared_ptr<agent::Agent> agent,
-                                             std::shared_ptr<rref::RRefContext> rrefs) {
-  std::shared_ptr<PeerWatch> watch(new PeerWatch(agent, std::move(rrefs)));
+std::shared_ptr<PeerWatch> PeerWatch::create(std::shared_ptr<agent::Agent> agent, OnGone onGone) {
+  std::shared_ptr<PeerWatch> watch(new PeerWatch(agent, std::move(onGone)));
   std::weak_ptr<PeerWatch> weak = watch;
   agent->onPeerLost([weak](int rank, const std::string& reason) {
     if (auto self = weak.lock()) self->lostFromLoop(rank, reason);
@@ -15,8 +11,8 @@ std::shared_ptr<PeerWatch> PeerWatch::create(std::shared_ptr<agent::Agent> agent
   return watch;
 }
 
-PeerWatch::PeerWatch(std::shared_ptr<agent::Agent> agent, std::shared_ptr<rref::RRefContext> rrefs)
-    : agent_(std::move(agent)), rrefs_(std::move(rrefs)), graces_(agent_->options().name) {}
+PeerWatch::PeerWatch(std::shared_ptr<agent::Agent> agent, OnGone onGone)
+    : agent_(std::move(agent)), onGone_(std::move(onGone)), graces_(agent_->options().name) {}
 
 void PeerWatch::lostFromLoop(int rank, const std::string& reason) {
   {
@@ -54,15 +50,7 @@ void PeerWatch::graceEnded(int rank) {
     lost_.erase(rank);  // reachable: its connection only dropped
     return;
   }
-  rrefs_->releasePeer(rank);
-  if (agent_->members().dynamic()) {
-    // A dynamic job's worker that died never leaves: drop it here, so calls to it say so.
-    agent_->removePeer(rank, "stopped without leaving the job (its connection was lost and it cannot be reached)");
-  }
-  if (size_t contexts = autograd::Container::get().releasePeer(rank)) {
-    TORCHRPC_WARN(agent_->options().name, rrefs_->workerLabel(rank) << " was lost without shutting down: released "
-                                                                    << contexts << " distributed autograd context(s)");
-  }
+  if (onGone_) onGone_(rank);
 }
 
 void PeerWatch::stop() { graces_.stop(); }

@@ -1,7 +1,8 @@
 #pragma once
 
-// PeerWatch: which peers of the job died, and what this worker lets go of
-// when one does. One per Worker; created before it serves.
+// PeerWatch: which peers of the job died; its owner says what to let go of
+// when one does (a Worker: the RRef forks and autograd contexts the peer held;
+// the TORCHRPC backend: nothing). One per agent; created before it serves.
 //
 // A peer is lost when a connection to it closes without its GOODBYE
 // (Agent::onPeerLost). It is gone when, besides, it cannot be reached: a
@@ -10,10 +11,7 @@
 // that proved a live worker's rank and left, is reachable and so not gone.
 //
 //   lost --(grace period: AgentOptions::peerGraceSeconds)--> probe
-//     unreachable: gone; the RRef forks it held here and the awaited RRef
-//                  entries and autograd contexts its requests made are
-//                  released (RRefContext::releasePeer, Container::releasePeer);
-//                  a dynamic job's worker leaves the agent's table too
+//     unreachable: gone; the owner's onGone(rank) runs
 //     reachable:   forgotten (it lives, or came back)
 //
 // Graceful shutdown asks gone() without waiting for the grace: a dead worker
@@ -23,6 +21,7 @@
 // probes and releases run on the timer thread; gone() on the caller's (not
 // the loop). Thread-safe.
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,15 +31,15 @@
 
 #include "agent/agent.h"
 #include "common/timers.h"
-#include "rref/rref_context.h"
 
 namespace torchrpc::worker {
 
 class PeerWatch : public std::enable_shared_from_this<PeerWatch> {
  public:
+  // Runs on the timer thread when a lost peer is found gone after its grace.
+  using OnGone = std::function<void(int rank)>;
   // Subscribes to the agent's peer losses; call before it serves.
-  static std::shared_ptr<PeerWatch> create(std::shared_ptr<agent::Agent> agent,
-                                           std::shared_ptr<rref::RRefContext> rrefs);
+  static std::shared_ptr<PeerWatch> create(std::shared_ptr<agent::Agent> agent, OnGone onGone = {});
 
   // Whether `rank` was lost and cannot be reached now (probes once; a dead
   // peer stays dead).
@@ -51,7 +50,7 @@ class PeerWatch : public std::enable_shared_from_this<PeerWatch> {
   void stop();
 
  private:
-  PeerWatch(std::shared_ptr<agent::Agent> agent, std::shared_ptr<rref::RRefContext> rrefs);
+  PeerWatch(std::shared_ptr<agent::Agent> agent, OnGone onGone);
   void lostFromLoop(int rank, const std::string& reason);
   // The grace period of a loss of `rank` ended: release its state if gone.
   void graceEnded(int rank);
@@ -61,7 +60,7 @@ class PeerWatch : public std::enable_shared_from_this<PeerWatch> {
   static constexpr double kProbeSeconds = 1.0;
 
   const std::shared_ptr<agent::Agent> agent_;
-  const std::shared_ptr<rref::RRefContext> rrefs_;
+  const OnGone onGone_;
   common::Timers graces_;
   mutable std::mutex mutex_;
   std::map<int, std::string> lost_;  // rank -> why its connection closed

@@ -6,7 +6,9 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "autograd/context.h"
 #include "autograd/engine.h"
+#include "common/logging.h"
 #include "profiling/profiler.h"
 #include "common/error.h"
 
@@ -39,6 +41,21 @@ void applyGraceFromEnvironment(agent::AgentOptions& options) {
   options.peerGraceSeconds = seconds;
 }
 
+// A peer found gone (PeerWatch): the RRef forks it held here, and the
+// awaited RRef entries and autograd contexts its requests made, are released;
+// a dynamic job's worker leaves the agent's table too.
+void releaseGone(agent::Agent& agent, rref::RRefContext& rrefs, int rank) {
+  rrefs.releasePeer(rank);
+  if (agent.members().dynamic()) {
+    // A dynamic job's worker that died never leaves: drop it here, so calls to it say so.
+    agent.removePeer(rank, "stopped without leaving the job (its connection was lost and it cannot be reached)");
+  }
+  if (size_t contexts = autograd::Container::get().releasePeer(rank)) {
+    TORCHRPC_WARN(agent.options().name, rrefs.workerLabel(rank) << " was lost without shutting down: released "
+                                                               << contexts << " distributed autograd context(s)");
+  }
+}
+
 }  // namespace
 
 Worker::Worker(agent::AgentOptions options, c10::intrusive_ptr<c10d::Store> store, const Hook& beforeServing) {
@@ -60,7 +77,7 @@ Worker::Worker(agent::AgentOptions options, c10::intrusive_ptr<c10d::Store> stor
       agent_->setPeers(rendezvous_->exchange(me));
     }
     rrefs_ = rref::RRefContext::create(agent_);
-    peerWatch_ = PeerWatch::create(agent_, rrefs_);
+    peerWatch_ = PeerWatch::create(agent_, [agent = agent_, rrefs = rrefs_](int rank) { releaseGone(*agent, *rrefs, rank); });
     autograd::install(*agent_);
     if (membership_) membership_->install();
     profiling::install(*agent_);  // after autograd: its envelope wraps autograd's

@@ -1,0 +1,45 @@
+// TorchBackendAgent: the TORCHRPC backend's agent (torch_backend/torch_agent.h)
+// for torchrpc/torch_backend.py. It subclasses upstream's RpcAgent Python
+// type, so upstream's _set_and_start_rpc_agent and the rest of
+// torch.distributed.rpc take it as their agent, and its methods (join,
+// shutdown, get_worker_infos, ...) are upstream's bindings. Upstream's request
+// callback (RequestCallbackImpl) lives in libtorch_python, which is why the
+// agent gets it here and libtorchrpc stays free of Python.
+
+#include "bindings/glue.h"
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/rpc/request_callback_impl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "torch_backend/torch_agent.h"
+
+namespace torchrpc::bindings {
+
+namespace py = pybind11;
+using torchrpc::torch_backend::TorchAgent;
+
+void bindTorchBackend(py::module_& m) {
+  py::module::import("torch.distributed.rpc");  // registers upstream's RpcAgent type
+  py::class_<TorchAgent, torch::distributed::rpc::RpcAgent, std::shared_ptr<TorchAgent>>(
+      m, "TorchBackendAgent", "torch.distributed.rpc's agent on torchrpc's transport (the TORCHRPC backend)")
+      .def(py::init([](const py::object& store, const agent::AgentOptions& options) {
+             auto s = py::cast<c10::intrusive_ptr<c10d::Store>>(store);
+             auto callback = std::make_unique<torch::distributed::rpc::RequestCallbackImpl>();
+             py::gil_scoped_release nogil;  // the rendezvous waits for every worker
+             return std::make_shared<TorchAgent>(std::move(s), options, std::move(callback));
+           }),
+           py::arg("store"), py::arg("options"))
+      // Upstream binds get_worker_info(id) on its TensorPipe agent only; a
+      // method of that name here hides the base's, so all three are here.
+      .def("get_worker_info", py::overload_cast<>(&TorchAgent::getWorkerInfo, py::const_),
+           py::return_value_policy::reference_internal)
+      .def("get_worker_info", py::overload_cast<const std::string&>(&TorchAgent::getWorkerInfo, py::const_),
+           py::return_value_policy::reference_internal)
+      .def("get_worker_info",
+           py::overload_cast<torch::distributed::rpc::worker_id_t>(&TorchAgent::getWorkerInfo, py::const_),
+           py::return_value_policy::reference_internal)
+      .def("_pending_requests", [](const TorchAgent& a) { return a.torchrpcAgent()->pendingCount(); });
+}
+
+}  // namespace torchrpc::bindings

@@ -1,0 +1,296 @@
+#include "torch_backend/torch_agent.h"
+
+#include <torch/csrc/distributed/rpc/utils.h>
+
+#include <algorithm>
+#include <set>
+#include <stdexcept>
+
+#include "common/error.h"
+#include "message/payload.h"
+#include "torch_backend/envelope.h"
+#include "worker/worker.h"
+
+namespace torchrpc::torch_backend {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// join() and sync() with no bound, and an agent started with rpc_timeout 0
+// (no timeout): every wait still ends.
+constexpr double kLongestWaitSeconds = 1800.0;
+
+Clock::time_point after(double seconds) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+double secondsLeft(Clock::time_point deadline) {
+  return std::max(0.001, std::chrono::duration<double>(deadline - Clock::now()).count());
+}
+
+// Answers `reply` with what upstream's callback produced for request `id`:
+// its response, or its error as upstream's EXCEPTION message. Never throws.
+void respond(upstream::JitFuture& result, uint64_t id, const message::Reply& reply, const std::string& worker) {
+  try {
+    c10::intrusive_ptr<upstream::Message> response =
+        result.hasError() ? upstream::createExceptionResponse(result.tryRetrieveErrorMessage(), static_cast<int64_t>(id))
+                          : result.value().toCustomClass<upstream::Message>();
+    response->setId(static_cast<int64_t>(id));
+    reply.message(wrap(message::MessageType::kTorchResponse, *response, id));
+  } catch (...) {
+    reply.error(message::describeException(std::current_exception(), "sending the response", worker));
+  }
+}
+
+// The text of upstream's future error for a torchrpc call that failed.
+std::string upstreamError(const std::exception_ptr& error) {
+  common::ErrorParts parts = common::errorParts(error);
+  if (parts.kind != common::ErrorKind::kTimeout) return parts.message;
+  // Upstream's error type: its RRefs check it. The message already says
+  // upstream's phrase ("RPC ran for more than set timeout", agent/pending.cpp).
+  return upstream::makeRPCError(parts.message, upstream::RPCErrorType::TIMEOUT);
+}
+
+}  // namespace
+
+TorchAgent::TorchAgent(c10::intrusive_ptr<c10d::Store> store, agent::AgentOptions options,
+                       std::unique_ptr<upstream::RequestCallback> callback)
+    : RpcAgent(upstream::WorkerInfo(options.name, static_cast<upstream::worker_id_t>(options.rank)),
+               std::move(callback),
+               std::chrono::milliseconds(static_cast<int64_t>(options.defaultTimeoutSeconds * 1000))),
+      name_(options.name),
+      startTimeoutSeconds_(options.defaultTimeoutSeconds),
+      serverStats_(std::make_shared<ServerStats>()) {
+  TORCH_CHECK_VALUE(options.worldSize > 0,
+                    "the TORCHRPC backend needs a world_size (a static job); workers that join and leave a "
+                    "running job (init_rpc without world_size) are not supported by it yet: use torchrpc's own "
+                    "init_rpc for those");
+  TORCH_CHECK_VALUE(options.rank >= 0 && options.rank < options.worldSize, "rank ", options.rank,
+                    " is not in [0, world_size=", options.worldSize, ")");
+  if (options.hostId.empty()) options.hostId = worker::localHostId();
+  rendezvous_ = std::make_unique<rendezvous::Rendezvous>(std::move(store), options.rank, options.worldSize);
+  options.secret = rendezvous_->sharedSecret(options.secret);
+  agent_ = std::make_shared<agent::Agent>(options);
+  try {
+    auto [tcp, unixAddr] = agent_->listen();
+    agent_->setPeers(rendezvous_->exchange({options.name, options.rank, tcp, unixAddr, options.hostId}));
+    agent_->setHandler(
+        message::MessageType::kTorchRequest,
+        [this](message::Message&& request, int, message::Reply reply) { serve(std::move(request), std::move(reply)); },
+        "a torch.distributed.rpc request");
+    peerWatch_ = worker::PeerWatch::create(agent_);
+    for (const agent::PeerInfo& p : agent_->members().list()) {
+      byName_.emplace(p.name, byRank_.size());
+      byRank_.emplace_back(p.name, static_cast<upstream::worker_id_t>(p.rank));
+    }
+  } catch (...) {
+    agent_->shutdown();
+    throw;
+  }
+}
+
+TorchAgent::~TorchAgent() { shutdown(); }
+
+void TorchAgent::startImpl() { agent_->startServing(); }
+
+void TorchAgent::shutdownImpl() {
+  if (stopped_.exchange(true)) return;
+  peerWatch_->stop();
+  // Fails what is pending (their futures complete on the pool before it stops).
+  agent_->shutdown();
+}
+
+c10::intrusive_ptr<upstream::JitFuture> TorchAgent::send(const upstream::WorkerInfo& to,
+                                                         c10::intrusive_ptr<upstream::Message> message,
+                                                         const float rpcTimeoutSeconds,
+                                                         const upstream::DeviceMap& deviceMap) {
+  const std::string what = upstreamTypeName(message->type());
+  TORCH_CHECK(message->isRequest(), "TorchAgent::send sends requests only; got ", what, " to ", to.name_);
+  TORCH_CHECK(deviceMap.empty(), "rpc ", name_, " -> ", to.name_, " '", what,
+              "': the TORCHRPC backend sends CPU tensors only, so it takes no device map");
+  TORCH_CHECK(rpcAgentRunning_.load(), "rpc ", name_, " -> ", to.name_, " '", what,
+              "': RPC is no longer running on ", name_, " (the TORCHRPC agent is shut down)");
+  const double timeout = rpcTimeoutSeconds == upstream::kUnsetRpcTimeout
+                             ? static_cast<double>(getRpcTimeout().count()) / 1000.0
+                             : static_cast<double>(rpcTimeoutSeconds);
+  auto out = c10::make_intrusive<upstream::JitFuture>(at::AnyClassType::get());
+  {
+    std::lock_guard<std::mutex> lock(callsMutex_);
+    ++clientCalls_;
+  }
+  auto in = agent_->send(to.id_, wrap(message::MessageType::kTorchRequest, *message), timeout, "rpc", what);
+  if (in->completed()) {  // refused before sending: the caller's thread completes it
+    complete(*out, *in);
+    return out;
+  }
+  in->addCallback([this, out](c10::ivalue::Future& done) {
+    // This runs on the I/O thread, the deadline sweeper, or a pool thread
+    // that holds the loop's turn (transport/loop.h pollOnce): upstream's
+    // callbacks run user code, which must not stall reading, so always on a
+    // pool task of its own.
+    auto result = c10::intrusive_ptr<c10::ivalue::Future>::reclaim_copy(&done);
+    agent_->pool().run([this, out, result] { complete(*out, *result); });
+  });
+  return out;
+}
+
+void TorchAgent::complete(upstream::JitFuture& out, c10::ivalue::Future& in) {
+  try {
+    if (in.hasError()) {
+      out.setErrorIfNeeded(std::make_exception_ptr(std::runtime_error(upstreamError(in.exception_ptr()))));
+    } else {
+      c10::intrusive_ptr<upstream::Message> response = unwrapResponse(in.value());
+      if (response->type() == upstream::MessageType::EXCEPTION) {
+        const auto& text = response->payload();
+        out.setErrorIfNeeded(std::make_exception_ptr(std::runtime_error(std::string(text.begin(), text.end()))));
+      } else {
+        auto storages = response->getStorages();
+        out.markCompleted(c10::IValue(std::move(response)), std::move(storages));
+      }
+    }
+  } catch (...) {
+    out.setErrorIfNeeded(std::current_exception());
+  }
+  callDone();
+}
+
+void TorchAgent::callDone() {
+  std::lock_guard<std::mutex> lock(callsMutex_);
+  if (--clientCalls_ == 0) callsDone_.notify_all();
+}
+
+void TorchAgent::serve(message::Message&& request, message::Reply reply) {
+  const uint64_t id = request.id;
+  c10::intrusive_ptr<upstream::Message> m = unwrapRequest(std::move(request));  // a throw: the agent answers it
+  m->setId(static_cast<int64_t>(id));
+  auto stats = serverStats_;  // a late callback may outlive this agent
+  ++stats->calls;
+  c10::intrusive_ptr<upstream::JitFuture> result;
+  try {
+    result = (*cb_)(*m, {});
+  } catch (const std::exception& e) {
+    --stats->calls;
+    reply.message(
+        wrap(message::MessageType::kTorchResponse, *upstream::createExceptionResponse(e, static_cast<int64_t>(id)), id));
+    return;
+  }
+  if (result->completed()) {
+    --stats->calls;
+    respond(*result, id, reply, name_);
+    return;
+  }
+  ++stats->asyncCalls;
+  result->addCallback([stats, id, reply, worker = name_](upstream::JitFuture& done) {
+    --stats->asyncCalls;
+    --stats->calls;
+    respond(done, id, reply, worker);
+  });
+}
+
+bool TorchAgent::waitCalls(Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(callsMutex_);
+  return callsDone_.wait_until(lock, deadline, [this] { return clientCalls_ == 0; });
+}
+
+int64_t TorchAgent::clientCalls() {
+  std::lock_guard<std::mutex> lock(callsMutex_);
+  return clientCalls_;
+}
+
+double TorchAgent::defaultWaitSeconds() const {
+  return startTimeoutSeconds_ > 0 ? startTimeoutSeconds_ : kLongestWaitSeconds;
+}
+
+std::string TorchAgent::workerLabel(int rank) const {
+  return rank >= 0 && static_cast<size_t>(rank) < byRank_.size() ? byRank_[rank].name_ + " (rank " + std::to_string(rank) + ")"
+                                                                  : "rank " + std::to_string(rank);
+}
+
+void TorchAgent::join(bool shutdown, float timeout) {
+  const double seconds = timeout > 0 ? timeout : defaultWaitSeconds();
+  const std::string limit = common::secondsText(seconds) + " s";
+  const auto deadline = after(seconds);
+  const std::string tag = "torch-backend/join/" + std::to_string(meetings_++);
+  auto gone = [watch = peerWatch_](int rank) { return watch->gone(rank); };
+  std::set<int> dead;  // workers the meetings went on without
+  try {
+    for (int round = 0;; ++round) {
+      TORCH_CHECK(waitCalls(deadline), clientCalls(), " call(s) of ", name_, " still in flight after ", limit);
+      auto tally = rendezvous_->tally(tag + "/" + std::to_string(round), clientCalls(), secondsLeft(deadline), gone);
+      dead.insert(tally.gone.begin(), tally.gone.end());
+      if (tally.sum == 0) break;
+    }
+    // Nobody stops serving while another worker may still count a call.
+    if (shutdown) {
+      auto late = rendezvous_->barrier(tag + "/done", secondsLeft(deadline), gone);
+      dead.insert(late.begin(), late.end());
+    }
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "join on ", name_, " did not finish within ", limit, " (timeout=", timeout,
+                ", 0: the rpc_timeout): ", e.what());
+  }
+  if (dead.empty()) return;
+  std::string names;
+  for (int rank : dead) names += (names.empty() ? "" : ", ") + workerLabel(rank);
+  TORCH_CHECK(false, "join on ", name_, ": ", names,
+              " died without shutting down; the other workers met without it. Check its log for why it exited.");
+}
+
+void TorchAgent::sync() {
+  const auto deadline = after(defaultWaitSeconds());
+  TORCH_CHECK(waitCalls(deadline), "sync on ", name_, ": ", clientCalls(), " call(s) still in flight after ",
+              common::secondsText(defaultWaitSeconds()), " s");
+  auto gone = [watch = peerWatch_](int rank) { return watch->gone(rank); };
+  rendezvous_->barrier("torch-backend/sync/" + std::to_string(meetings_++), secondsLeft(deadline), gone);
+}
+
+const upstream::WorkerInfo& TorchAgent::getWorkerInfo(const std::string& workerName) const {
+  auto it = byName_.find(workerName);
+  if (it != byName_.end()) return byRank_[it->second];
+  std::string known;
+  for (const auto& info : byRank_) known += (known.empty() ? "" : ", ") + info.name_;
+  // Upstream's phrase ("could not find destination"), which its programs match.
+  TORCH_CHECK(false, "could not find destination worker '", workerName, "' in the job; its workers are ", known);
+}
+
+const upstream::WorkerInfo& TorchAgent::getWorkerInfo(upstream::worker_id_t id) const {
+  TORCH_CHECK(id >= 0 && static_cast<size_t>(id) < byRank_.size(), "could not find destination worker of rank ", id,
+              " in the job; its ranks are 0 to ", byRank_.size() - 1);
+  return byRank_[id];
+}
+
+std::vector<upstream::WorkerInfo> TorchAgent::getWorkerInfos() const { return byRank_; }
+
+void TorchAgent::addGilWaitTime(const std::chrono::microseconds gilWaitTime) {
+  gilWaitMicros_ += static_cast<uint64_t>(gilWaitTime.count());
+  ++gilWaits_;
+}
+
+std::unordered_map<std::string, std::string> TorchAgent::getMetrics() {
+  // Upstream's keys (TensorPipe's agent reports the same).
+  const size_t threads = agent_->options().numWorkerThreads;
+  const size_t busy = stopped_.load() ? 0 : agent_->pool().busy();
+  std::unordered_map<std::string, std::string> metrics{
+      {"agent.thread_pool_size", std::to_string(threads)},
+      {"agent.num_idle_threads", std::to_string(threads - std::min(threads, busy))},
+      {"agent.client_active_calls", std::to_string(clientCalls())},
+      {"agent.server_active_calls", std::to_string(serverStats_->calls.load())},
+      {"agent.server_active_async_calls", std::to_string(serverStats_->asyncCalls.load())},
+  };
+  if (isGILProfilingEnabled()) {  // upstream's rpc._enable_gil_profiling
+    const uint64_t waits = gilWaits_.load();
+    metrics["agent.gil_average_wait_time_us"] = std::to_string(waits ? gilWaitMicros_.load() / waits : 0);
+  }
+  return metrics;
+}
+
+std::unordered_map<std::string, std::string> TorchAgent::getDebugInfo() {
+  auto info = getMetrics();
+  info["agent.backend"] = "TORCHRPC";
+  info["agent.connections"] = std::to_string(agent_->connectionCount());
+  info["agent.pending_requests"] = std::to_string(agent_->pendingCount());
+  return info;
+}
+
+}  // namespace torchrpc::torch_backend

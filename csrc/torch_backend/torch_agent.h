@@ -1,0 +1,125 @@
+#pragma once
+
+// TorchAgent: torch.distributed.rpc's agent interface (upstream's RpcAgent,
+// torch/csrc/distributed/rpc/rpc_agent.h) on torchrpc's agent. It is the
+// TORCHRPC backend (torchrpc/torch_backend.py registers it): upstream's Python
+// API, RRef context, distributed autograd, profiler and request callback run
+// unchanged above it; below it, one agent::Agent moves the messages over
+// torchrpc's transport, framing, handshake and rendezvous. See
+// docs/torch-backend.md.
+//
+// A call: send() wraps upstream's Message in a TORCH_REQUEST (envelope.h) and
+// hands it to agent::Agent::send, which gives it an id, a deadline and a
+// connection, and fails it at once when the peer's connection is lost. On the
+// callee, the agent runs the TORCH_REQUEST handler on its pool (never on the
+// I/O thread): upstream's RequestCallback processes the message; its response,
+// or its error as upstream's EXCEPTION message, goes back in a TORCH_RESPONSE
+// with the request's id. The caller completes upstream's future on a pool
+// thread too: upstream's callbacks may run user code or wait.
+//
+// Errors: a timeout says upstream's "RPC ran for more than set timeout" and
+// carries upstream's TIMEOUT error type (RRefs check it); every error of the
+// transport names the call and the peer ("rpc #7 worker0 -> worker1 (addr)
+// 'PYTHON_CALL': ..."); remote errors are upstream's own.
+//
+// Lifecycle (upstream's): construct (rendezvous: every worker's address and
+// name), start() (serve), join() (wait until no worker has a call in flight),
+// shutdown(). Threads: send() and the getters from any thread; join(), sync()
+// and shutdown() from one that is not the agent's (pool or loop).
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/rpc/rpc_agent.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "agent/agent.h"
+#include "rendezvous/rendezvous.h"
+#include "worker/peer_watch.h"
+
+namespace torchrpc::torch_backend {
+
+namespace upstream = torch::distributed::rpc;
+
+class TorchAgent : public upstream::RpcAgent {
+ public:
+  // Joins a static job of options.worldSize workers through `store` (the
+  // store upstream's init_rpc made); `callback` is upstream's request
+  // callback (RequestCallbackImpl, from the Python side). options.secret,
+  // if empty, comes from the rendezvous (rendezvous.h sharedSecret).
+  TorchAgent(c10::intrusive_ptr<c10d::Store> store, agent::AgentOptions options,
+             std::unique_ptr<upstream::RequestCallback> callback);
+  ~TorchAgent() override;
+
+  c10::intrusive_ptr<upstream::JitFuture> send(const upstream::WorkerInfo& to,
+                                               c10::intrusive_ptr<upstream::Message> message,
+                                               const float rpcTimeoutSeconds = upstream::kUnsetRpcTimeout,
+                                               const upstream::DeviceMap& deviceMap = {}) override;
+
+  using upstream::RpcAgent::getWorkerInfo;  // this worker's own, beside the overrides
+  const upstream::WorkerInfo& getWorkerInfo(const std::string& workerName) const override;
+  const upstream::WorkerInfo& getWorkerInfo(upstream::worker_id_t id) const override;
+  std::vector<upstream::WorkerInfo> getWorkerInfos() const override;
+
+  // Waits until no worker of the job has a call in flight (its own calls done,
+  // then a count over all workers, repeated until it is zero), bounded by
+  // `timeout` seconds (<= 0: the rpc_timeout the agent started with). With
+  // `shutdown`, all workers then meet once more, so none stops serving while
+  // another still counts. A worker found dead is not waited for; join then
+  // throws, naming it.
+  void join(bool shutdown = false, float timeout = 0) override;
+  // Waits for this worker's calls, then for every worker to reach sync().
+  void sync() override;
+  void startImpl() override;
+  void shutdownImpl() override;
+  std::unordered_map<std::string, std::string> getMetrics() override;
+  std::unordered_map<std::string, std::string> getDebugInfo() override;
+
+  // The torchrpc agent underneath (tests, debugging).
+  const std::shared_ptr<agent::Agent>& torchrpcAgent() const { return agent_; }
+
+ private:
+  void addGilWaitTime(const std::chrono::microseconds gilWaitTime) override;
+  // TORCH_REQUEST handler, on a pool thread.
+  void serve(message::Message&& request, message::Reply reply);
+  // Completes upstream's future from torchrpc's (on a pool thread, or on
+  // the caller's for a call refused before sending).
+  void complete(upstream::JitFuture& out, c10::ivalue::Future& in);
+  void callDone();
+  int64_t clientCalls();
+  // Waits until this worker has no call in flight; false at the deadline.
+  bool waitCalls(std::chrono::steady_clock::time_point deadline);
+  // The bound of join() and sync() when none is given.
+  double defaultWaitSeconds() const;
+  std::string workerLabel(int rank) const;
+
+  const std::string name_;
+  const double startTimeoutSeconds_;
+  std::unique_ptr<rendezvous::Rendezvous> rendezvous_;
+  std::shared_ptr<agent::Agent> agent_;
+  std::shared_ptr<worker::PeerWatch> peerWatch_;
+  std::vector<upstream::WorkerInfo> byRank_;
+  std::unordered_map<std::string, size_t> byName_;
+
+  // Calls sent and not yet completed (their callbacks run): join() waits for zero.
+  std::mutex callsMutex_;
+  std::condition_variable callsDone_;
+  int64_t clientCalls_{0};
+  struct ServerStats {
+    std::atomic<int64_t> calls{0};       // requests being processed here
+    std::atomic<int64_t> asyncCalls{0};  // of those, ones whose result is not ready yet
+  };
+  const std::shared_ptr<ServerStats> serverStats_;  // shared with callbacks that may outlive the agent
+  std::atomic<uint64_t> gilWaitMicros_{0};
+  std::atomic<uint64_t> gilWaits_{0};
+  std::atomic<uint64_t> meetings_{0};  // join() and sync() calls so far: their meetings' tags
+  std::atomic<bool> stopped_{false};
+};
+
+}  // namespace torchrpc::torch_backend

@@ -1,0 +1,98 @@
+"""torch.distributed.rpc's TORCHRPC backend: a plain upstream program
+(``torch.distributed.rpc``, ``torch.distributed.autograd``), with
+``backend=rpc.BackendType.TORCHRPC``, on three workers. Upstream's API,
+RRefs, TorchScript and distributed autograd run above torchrpc's agent
+(csrc/torch_backend/). The job ends with a graceful shutdown that must wait
+for a call still in flight."""
+
+import pytest
+import torch
+import torch.distributed.autograd as dist_autograd
+import torch.distributed.rpc as rpc
+from torch.testing import assert_close
+
+from tests.multiprocess import torch_backend_funcs as F
+from tests.multiprocess.torch_backend_job import TorchBackendJob
+
+
+@pytest.fixture(scope="module", autouse=True)
+def job():
+    with TorchBackendJob(3) as j:
+        yield j
+        # Graceful: shutdown waits for this call (join: no call in flight anywhere).
+        late = rpc.rpc_async("worker1", F.sleep_then, args=(0.5, 7))
+        rpc.shutdown()
+        assert late.done() and late.wait() == 7
+        assert j.wait_exits() == {1: 0, 2: 0}, (j.log(1), j.log(2))
+
+
+def test_the_backend_is_registered_and_its_agent_is_upstreams_kind():
+    agent = rpc.api._get_current_rpc_agent()
+    assert isinstance(agent, torch._C._distributed_rpc.RpcAgent)
+    assert rpc.BackendType.TORCHRPC.name == "TORCHRPC"
+    assert sorted(w.name for w in agent.get_worker_infos()) == ["worker0", "worker1", "worker2"]
+    assert rpc.get_worker_info("worker2").id == 2
+    assert agent.get_debug_info()["agent.backend"] == "TORCHRPC"
+    assert agent.get_metrics()["agent.thread_pool_size"] == "4"
+
+
+def test_rpc_sync_of_a_builtin():
+    assert_close(rpc.rpc_sync("worker1", torch.add, args=(torch.ones(2, 3), 1)), torch.full((2, 3), 2.0))
+
+
+def test_rpc_async_of_a_python_function_many_in_flight():
+    futures = [rpc.rpc_async(f"worker{1 + i % 2}", F.add, args=(torch.tensor([i]), i)) for i in range(64)]
+    assert [int(f.wait()) for f in futures] == [2 * i for i in range(64)]
+
+
+def test_a_large_tensor_both_ways():
+    t = torch.randn(1 << 20)
+    assert_close(rpc.rpc_sync("worker1", F.add, args=(t, t)), 2 * t)
+
+
+def test_a_script_function_and_torchscripts_own_rpc_async():
+    a, b = torch.ones(3), torch.arange(3.0)
+    assert_close(rpc.rpc_sync("worker1", F.script_add, args=(a, b)), a + b)
+    # script_caller runs on worker1 and calls worker2 from TorchScript.
+    assert_close(rpc.rpc_sync("worker1", F.script_caller, args=("worker2", a, b)), a + b)
+
+
+def test_a_call_made_inside_a_call():
+    assert_close(rpc.rpc_sync("worker1", F.nested_add, args=("worker2", torch.ones(2), 2)), torch.full((2,), 4.0))
+
+
+def test_remote_and_to_here_with_a_fork_on_a_third_worker():
+    rref = rpc.remote("worker1", torch.add, args=(torch.ones(2), 1))
+    assert_close(rref.to_here(), torch.full((2,), 2.0))
+    python_rref = rpc.remote("worker2", F.add, args=(torch.ones(2), 2))
+    assert_close(python_rref.to_here(), torch.full((2,), 3.0))
+    # worker2 gets a fork of worker1's RRef and fetches from the owner.
+    assert_close(rpc.rpc_sync("worker2", F.rref_value_plus, args=(rref, 10)), torch.full((2,), 12.0))
+
+
+def test_an_error_raised_remotely_comes_back_as_its_type():
+    with pytest.raises(ValueError, match="bad value 42"):
+        rpc.rpc_sync("worker2", F.raise_value_error, args=("bad value 42",))
+    fut = rpc.rpc_async("worker1", torch.add, args=(torch.ones(2), torch.ones(3)))
+    with pytest.raises(RuntimeError, match="size of tensor a"):
+        fut.wait()
+
+
+def test_a_timeout_says_upstreams_phrase_and_names_the_worker():
+    fut = rpc.rpc_async("worker1", F.sleep_then, args=(2.0, 0), timeout=0.2)
+    with pytest.raises(RuntimeError, match=r"worker1.*RPC ran for more than set timeout \(200 ms\)"):
+        fut.wait()
+    # worker1 is still fine, and a timeout of 0 means none
+    assert rpc.rpc_sync("worker1", F.sleep_then, args=(0.01, 5), timeout=0) == 5
+
+
+def test_distributed_autograd_backward():
+    t1 = torch.rand(3, 3, requires_grad=True)
+    t2 = torch.rand(3, 3, requires_grad=True)
+    with dist_autograd.context() as ctx:
+        loss = rpc.rpc_sync("worker1", torch.add, args=(t1, t2))
+        loss = rpc.rpc_sync("worker2", F.add, args=(loss, t1)).sum()
+        dist_autograd.backward(ctx, [loss])
+        grads = dist_autograd.get_gradients(ctx)
+    assert_close(grads[t1], torch.full((3, 3), 2.0))
+    assert_close(grads[t2], torch.ones(3, 3))

@@ -1,0 +1,50 @@
+"""Callees of the TORCHRPC backend's tests (test_torch_backend*.py), importable
+by every worker: upstream's pickler sends Python functions by reference."""
+
+import os
+import threading
+import time
+
+import torch
+import torch.distributed.rpc as rpc
+
+
+def add(a, b):
+    return a + b
+
+
+def raise_value_error(text):
+    raise ValueError(text)
+
+
+def sleep_then(seconds, value):
+    time.sleep(seconds)
+    return value
+
+
+def nested_add(via, a, b):
+    """Calls `via` from inside a call (the callee's pool thread waits on it)."""
+    return rpc.rpc_sync(via, torch.add, args=(a, b)) + 1
+
+
+def rref_value_plus(rref, n):
+    """Fetches an RRef's value from its owner (a fork, when called elsewhere)."""
+    return rref.to_here() + n
+
+
+def exit_soon(delay):
+    """Kills this worker `delay` seconds after answering: a peer dying."""
+    threading.Timer(delay, os._exit, args=(7,)).start()
+    return os.getpid()
+
+
+@torch.jit.script
+def script_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a + b
+
+
+@torch.jit.script
+def script_caller(dst: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """TorchScript's own rpc_async (the compiler's special form), calling script_add."""
+    fut = rpc.rpc_async(dst, script_add, (a, b))
+    return fut.wait()
