@@ -396,7 +396,7 @@ def plot(table, path):
                 for name in contenders]
     fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=8)
     ax.set_xlabel("ratio to torch.distributed.rpc on TensorPipe (>1 = better; log scale)")
-    ax.set_title("ratio to torch.distributed.rpc (TensorPipe), medians, by launch mode")
+    ax.set_title("medians, by launch mode and backend")
     fig.tight_layout(rect=(0, 0.6 / height_in, 1, 1))  # the legend below, in 0.6 inch
     fig.savefig(path, dpi=110)
     plt.close(fig)
