@@ -5,7 +5,8 @@ docstring. Modules, one concern each:
 
 - ``_measure``: timing helpers (warm-up, medians, percentiles, CPU time).
 - ``remote_fns``: the functions the callee runs (TorchScript and Python).
-- ``backends``: imports torchrpc or torch.distributed.rpc as ``rpc``.
+- ``backends``: imports torchrpc or torch.distributed.rpc as ``rpc``, and
+  picks the agent (TensorPipe, or torchrpc's TORCHRPC backend).
 - ``control``: a side-channel store for barriers between benchmark processes.
 - ``scenarios``: the measurements, written once against an ``rpc`` module.
 - ``worker``: one benchmark process (``python -m benchmarks.worker``).

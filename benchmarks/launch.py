@@ -65,7 +65,7 @@ def run_job(job, backend, world_size, control_port, cfg, timeout, ports=None, to
 
     Args:
         job (str): a key of benchmarks.worker.JOBS.
-        backend (str): "torch" or "torchrpc".
+        backend (str): a key of benchmarks.backends.NAMES.
         world_size (int): number of worker processes.
         control_port (int): port of the run's control TCPStore.
         cfg (dict): the run's sizes, passed to the scenarios.

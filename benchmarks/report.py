@@ -3,9 +3,11 @@
 Input is what run_all collected: ``results[mode][backend][job]`` (the per-job
 data of :mod:`benchmarks.scenarios` and :mod:`benchmarks.compute`, for each
 launch mode of :mod:`benchmarks.launch`) and the socket floor. Every row shows
-the launch modes side by side. A ratio above 1 always means torchrpc is
-better: torch_time / torchrpc_time for times and CPU, torchrpc / torch for
-rates.
+the launch modes side by side, and in each, every contender (torchrpc's own
+API, and torch.distributed.rpc on the TORCHRPC backend where it ran) with its
+ratio against torch.distributed.rpc on TensorPipe. A ratio above 1 always
+means the contender is better: torch_time / its time for times and CPU, its
+rate / torch's for rates.
 """
 
 import json
@@ -17,6 +19,15 @@ from benchmarks.backends import LABELS
 from benchmarks.launch import MODE_LABELS
 
 KB, MB = 1 << 10, 1 << 20
+
+#: What every ratio is against, and what is compared with it.
+BASELINE = "torch"
+CONTENDERS = ("torchrpc", "backend")
+#: Per contender: its ratio's key in a table entry (torchrpc's is the
+#: historical "ratio"), its ratio column's header, its bar colours (>= 1, < 1).
+RATIO_KEY = {"torchrpc": "ratio", "backend": "backend_ratio"}
+RATIO_HEADER = {"torchrpc": "ratio", "backend": "backend ratio"}
+COLORS = {"torchrpc": ("tab:green", "tab:red"), "backend": ("tab:blue", "tab:orange")}
 
 
 class Row:
@@ -42,7 +53,7 @@ class Row:
             return None
 
     def ratio(self, torch_value, ours):
-        """How many times torchrpc is better (None if undefined)."""
+        """How many times `ours` is better than `torch_value` (None if undefined)."""
         if torch_value is None or ours is None:
             return None
         num, den = (ours, torch_value) if self.higher_is_better else (torch_value, ours)
@@ -130,38 +141,57 @@ ROWS = _rows()
 
 
 class Target:
-    """A goal attached to a row: check(torch, ours, ratio, floor_us) -> bool."""
+    """A goal attached to a row: check(torch, ours, ratio, floor_us) -> bool,
+    with `ours` and `ratio` those of `subject` (a key of CONTENDERS)."""
 
-    def __init__(self, row, text, check):
-        self.row, self.text, self.check = row, text, check
+    def __init__(self, row, text, check, subject="torchrpc"):
+        self.row, self.text, self.check, self.subject = row, text, check, subject
+
+    @property
+    def label(self):
+        """The text the table shows: torchrpc's targets bare, others named."""
+        return self.text if self.subject == "torchrpc" else f"{self.subject}: {self.text}"
+
+
+def _vs_torch(row, times, subject="torchrpc"):
+    """The target `times` x torch (or better) on `row`."""
+    return Target(row, f">= {times:g}x torch", lambda t, o, ratio, floor: ratio >= times, subject)
 
 
 TARGETS = [
-    Target("latency.script", ">= 5x torch", lambda t, o, ratio, floor: ratio >= 5),
+    _vs_torch("latency.script", 5),
     Target("latency.script", "<= 3x socket floor", lambda t, o, ratio, floor: o <= 3 * floor),
-    Target("latency.python", ">= 1x torch", lambda t, o, ratio, floor: ratio >= 1),
-    Target("latency.python_int", ">= 1x torch", lambda t, o, ratio, floor: ratio >= 1),
-    Target("throughput.script.128", ">= 4x torch", lambda t, o, ratio, floor: ratio >= 4),
-    Target("throughput.builtin.128", ">= 3x torch", lambda t, o, ratio, floor: ratio >= 3),
-    Target("throughput.python.128", ">= 2x torch", lambda t, o, ratio, floor: ratio >= 2),
+    _vs_torch("latency.python", 1),
+    _vs_torch("latency.python_int", 1),
+    _vs_torch("throughput.script.128", 4),
+    _vs_torch("throughput.builtin.128", 3),
+    _vs_torch("throughput.python.128", 2),
     Target("cpu_bound.script.scaling", ">= 1.7x", lambda t, o, ratio, floor: o >= 1.7),
-    Target("send.67108864", ">= 2x torch", lambda t, o, ratio, floor: ratio >= 2),
+    _vs_torch("send.67108864", 2),
     Target("idle.callee", "< 1% of a core", lambda t, o, ratio, floor: o < 1),
     Target("idle.caller", "< 1% of a core", lambda t, o, ratio, floor: o < 1),
     Target("init.4", "< 100 ms", lambda t, o, ratio, floor: o < 100),
     Target("script_caller.gap_sync", "<= 1.1x (no Python between)", lambda t, o, ratio, floor: o <= 1.1),
-    Target("rref.remote.script", ">= 3x torch", lambda t, o, ratio, floor: ratio >= 3),
-    Target("rref.remote.builtin", ">= 3x torch", lambda t, o, ratio, floor: ratio >= 3),
-    Target("rref.remote.python", ">= 3x torch", lambda t, o, ratio, floor: ratio >= 3),
-    Target("rref.to_here", ">= 3x torch", lambda t, o, ratio, floor: ratio >= 3),
-    Target("rref.proxy", ">= 3x torch", lambda t, o, ratio, floor: ratio >= 3),
+    _vs_torch("rref.remote.script", 3),
+    _vs_torch("rref.remote.builtin", 3),
+    _vs_torch("rref.remote.python", 3),
+    _vs_torch("rref.to_here", 3),
+    _vs_torch("rref.proxy", 3),
     Target("rref.churn_live", "0 left", lambda t, o, ratio, floor: o == 0),
     Target("rref.churn_rss_again", "< 1 MB (no leak)", lambda t, o, ratio, floor: o < 1),
-    Target("training.its", ">= 2x torch", lambda t, o, ratio, floor: ratio >= 2),
+    _vs_torch("training.its", 2),
     Target("training.vs_local", "<= 1.3x local", lambda t, o, ratio, floor: o <= 1.3),
-    Target("compute.remote", ">= 1.0x torch", lambda t, o, ratio, floor: ratio >= 1.0),
+    _vs_torch("compute.remote", 1.0),
     Target("beside.idle", ">= 0.95x alone", lambda t, o, ratio, floor: o >= 0.95),
 ]
+#: Issue #23's targets for the TORCHRPC backend: tiny calls and throughput
+#: >= 3x TensorPipe, 64 MB >= 2x, no CPU when idle (not one 10 ms tick).
+_TINY = ("script", "builtin", "python")
+TARGETS += [_vs_torch(f"latency.{kind}", 3, "backend") for kind in _TINY]
+TARGETS += [_vs_torch(f"throughput.{kind}.128", 3, "backend") for kind in _TINY]
+TARGETS += [_vs_torch("send.67108864", 2, "backend")]
+TARGETS += [Target(f"idle.{who}", "0% of a core", lambda t, o, ratio, floor: o == 0, "backend")
+            for who in ("callee", "caller")]
 
 
 def aggregate_init(rank_results):
@@ -177,22 +207,33 @@ def aggregate_init(rank_results):
 
 
 def build(results, floor):
-    """Table rows as dicts: key, label, unit, target, and under "modes", per
-    launch mode, {"torch", "torchrpc", "ratio", "status"}."""
+    """Table rows as dicts: key, label, unit, target, subject (whose target),
+    and under "modes", per launch mode, {"torch", "status"} and, for each
+    contender that ran, its value and its ratio (RATIO_KEY)."""
     floor_us = floor["median"] if floor else None
+    ran = [name for name in CONTENDERS if any(name in by_backend for by_backend in results.values())]
     table = []
     for row in ROWS:
-        values = {}
-        for mode, by_backend in results.items():
-            torch_value, ours = row.value(by_backend.get("torch", {})), row.value(by_backend.get("torchrpc", {}))
-            values[mode] = {"torch": torch_value, "torchrpc": ours, "ratio": row.ratio(torch_value, ours)}
-        if all(v["torch"] is None and v["torchrpc"] is None for v in values.values()):
+        values = {mode: _values(row, by_backend, ran) for mode, by_backend in results.items()}
+        if all(v[name] is None for v in values.values() for name in (BASELINE, *ran)):
             continue  # the job did not run (or failed: see the errors line)
-        for goal in [t for t in TARGETS if t.row == row.key] or [None]:
+        for goal in [t for t in TARGETS if t.row == row.key and t.subject in ran] or [None]:
             modes = {mode: dict(v, status=_status(goal, v, floor_us)) for mode, v in values.items()}
             table.append({"key": row.key, "label": row.label, "unit": row.unit,
-                          "target": goal.text if goal else "", "modes": modes})
+                          "target": goal.label if goal else "", "subject": goal.subject if goal else None,
+                          "modes": modes})
     return table
+
+
+def _values(row, by_backend, contenders):
+    """One row's values in one launch mode: torch's, and each contender's with
+    its ratio."""
+    base = row.value(by_backend.get(BASELINE, {}))
+    out = {BASELINE: base}
+    for name in contenders:
+        out[name] = row.value(by_backend.get(name, {}))
+        out[RATIO_KEY[name]] = row.ratio(base, out[name])
+    return out
 
 
 def _status(goal, v, floor_us):
@@ -200,7 +241,8 @@ def _status(goal, v, floor_us):
     if goal is None:
         return ""
     try:
-        return "PASS" if goal.check(v["torch"], v["torchrpc"], v["ratio"], floor_us) else "MISS"
+        ok = goal.check(v[BASELINE], v[goal.subject], v[RATIO_KEY[goal.subject]], floor_us)
+        return "PASS" if ok else "MISS"
     except TypeError:
         return "n/a"
 
@@ -234,21 +276,36 @@ def _fmt_ratio(ratio):
     return f"{ratio:.2f}x" if ratio < 10 else f"{ratio:.1f}x"
 
 
+def _contenders(table):
+    """The contenders a table has columns for, in CONTENDERS order."""
+    first = next(iter(table[0]["modes"].values())) if table else {}
+    return [name for name in CONTENDERS if name in first]
+
+
+def _short(mode):
+    return "one" if mode == "one" else "sep."
+
+
 def markdown(table, floor, meta, errors):
-    """The table as aligned Markdown, the launch modes side by side, with the
-    socket floor and run details."""
+    """The table as aligned Markdown, the launch modes side by side (in each,
+    torch, then each contender and its ratio), with the socket floor and run
+    details."""
     modes = list(table[0]["modes"]) if table else []
+    contenders = _contenders(table)
     header = ["scenario"]
     for mode in modes:
-        short = "one" if mode == "one" else "sep."
-        header += [f"torch ({short})", f"torchrpc ({short})", f"ratio ({short})"]
-    header += ["target"] + [f"{'one' if m == 'one' else 'sep.'}" for m in modes]
+        header.append(f"torch ({_short(mode)})")
+        for name in contenders:
+            header += [f"{name} ({_short(mode)})", f"{RATIO_HEADER[name]} ({_short(mode)})"]
+    header += ["target"] + [_short(m) for m in modes]
     lines = []
     for e in table:
         cells = [e["label"]]
         for mode in modes:
             v = e["modes"][mode]
-            cells += [fmt(v["torch"], e["unit"]), fmt(v["torchrpc"], e["unit"]), _fmt_ratio(v["ratio"])]
+            cells.append(fmt(v[BASELINE], e["unit"]))
+            for name in contenders:
+                cells += [fmt(v[name], e["unit"]), _fmt_ratio(v[RATIO_KEY[name]])]
         lines.append(cells + [e["target"]] + [e["modes"][m]["status"] for m in modes])
     widths = [max(len(str(c)) for c in col) for col in zip(header, *lines)]
 
@@ -258,19 +315,26 @@ def markdown(table, floor, meta, errors):
     out = [line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     out += [line(cells) for cells in lines]
     out.append("")
-    out.append("Launch modes: " + "; ".join(
-        f"({'one' if m == 'one' else 'sep.'}) {MODE_LABELS[m]}" for m in modes)
-        + f". torch = {LABELS['torch']}.")
+    legend = f"torch = {LABELS['torch']} (TensorPipe)"
+    if "backend" in contenders:
+        legend += ("; backend = the same torch.distributed.rpc program on torchrpc's agent "
+                   "(import torchrpc; backend=rpc.BackendType.TORCHRPC)")
+    out.append("Launch modes: " + "; ".join(f"({_short(m)}) {MODE_LABELS[m]}" for m in modes) + f". {legend}.")
     if floor:
         runs = ", ".join(f"{m:.1f}" for m in floor.get("medians_of_runs", [floor["median"]]))
         out.append(f"Socket round trip floor (Unix stream, 1 byte, two processes): "
                    f"{floor['median']:.1f} µs median (p90 {floor['p90']:.1f} µs; "
                    f"lowest median of the runs at the start and end: {runs} µs).")
-    out.append(f"Ratio > 1: torchrpc better. Medians. {meta['summary']}")
+    out.append(f"Ratio > 1: {' or '.join(contenders) or 'the contender'} better than torch. Medians. "
+               f"{meta['summary']}")
     for mode in modes:
-        statuses = [e["modes"][mode]["status"] for e in table]
-        out.append(f"Targets, {MODE_LABELS[mode]}: {statuses.count('PASS')}/"
-                   f"{statuses.count('PASS') + statuses.count('MISS')} PASS.")
+        counts = []
+        for name in contenders:
+            statuses = [e["modes"][mode]["status"] for e in table if e["subject"] == name]
+            if statuses:
+                counts.append(f"{name} {statuses.count('PASS')}/"
+                              f"{statuses.count('PASS') + statuses.count('MISS')} PASS")
+        out.append(f"Targets, {MODE_LABELS[mode]}: {'; '.join(counts) or 'none'}.")
     if errors:
         out.append(f"Failed (see results.json for their logs): {', '.join(sorted(errors))}.")
     return "\n".join(out)
@@ -279,18 +343,25 @@ def markdown(table, floor, meta, errors):
 HATCHES = ("", "//")  # one per launch mode in the plot
 
 
+def _positive(ratio):
+    """The ratio if a log axis can show it, else nan (no bar)."""
+    return ratio if ratio is not None and math.isfinite(ratio) and ratio > 0 else float("nan")
+
+
 def plot(table, path):
     """Horizontal bars of the ratios (log scale, 1 = parity), one bar per
-    launch mode, into a PNG."""
+    launch mode and contender (colour: contender, a second one below 1;
+    hatch: launch mode), into a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    contenders = _contenders(table)
     seen, entries = set(), []
     for e in table:
-        ratios = [v["ratio"] for v in e["modes"].values()]
-        if e["key"] in seen or not any(r is not None and math.isfinite(r) and r > 0 for r in ratios):
+        ratios = [_positive(v[RATIO_KEY[name]]) for v in e["modes"].values() for name in contenders]
+        if e["key"] in seen or all(math.isnan(r) for r in ratios):
             continue
         seen.add(e["key"])
         entries.append(e)
@@ -298,28 +369,35 @@ def plot(table, path):
         return False
     entries.reverse()  # first row on top
     modes = list(entries[0]["modes"])
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(entries) + 1.5))
-    height = 0.8 / len(modes)
-    for i, mode in enumerate(modes):
-        ys = [y + (i - (len(modes) - 1) / 2) * height for y in range(len(entries))]
-        ratios = [e["modes"][mode]["ratio"] for e in entries]
-        shown = [r if r is not None and math.isfinite(r) and r > 0 else float("nan") for r in ratios]
-        ax.barh(ys, shown, height=height, label=MODE_LABELS[mode], hatch=HATCHES[i % len(HATCHES)],
-                color=["tab:green" if r >= 1 else "tab:red" for r in shown], edgecolor="black", linewidth=0.3)
+    bars = [(mode, name) for mode in modes for name in contenders]
+    height_in = (0.2 + 0.13 * len(bars)) * len(entries) + 1.5
+    fig, ax = plt.subplots(figsize=(9, height_in))
+    height = 0.8 / len(bars)
+    for i, (mode, name) in enumerate(bars):
+        ys = [y - (i - (len(bars) - 1) / 2) * height for y in range(len(entries))]  # first bar on top
+        shown = [_positive(e["modes"][mode][RATIO_KEY[name]]) for e in entries]
+        better, worse = COLORS[name]
+        ax.barh(ys, shown, height=height, hatch=HATCHES[modes.index(mode) % len(HATCHES)],
+                color=[better if r >= 1 else worse for r in shown], edgecolor="black", linewidth=0.3)
         for y, r in zip(ys, shown):
             if math.isfinite(r):
                 ax.text(r, y, f" {r:.2f}x", va="center", fontsize=7)
     ax.set_yticks(range(len(entries)))
     ax.set_yticklabels([e["label"] for e in entries])
+    ax.set_ylim(-0.6, len(entries) - 0.4)
     ax.axvline(1.0, color="black", linewidth=1)
     ax.set_xscale("log")
+    ax.set_xlim(right=ax.get_xlim()[1] * 1.3)  # room for the bars' labels
     from matplotlib.patches import Patch
 
-    ax.legend(handles=[Patch(facecolor="white", edgecolor="black", hatch=HATCHES[i % len(HATCHES)],
-                             label=MODE_LABELS[m]) for i, m in enumerate(modes)], loc="lower right", fontsize=8)
-    ax.set_xlabel("torchrpc vs torch.distributed.rpc (ratio, >1 = torchrpc better; log scale)")
-    ax.set_title("torchrpc / torch.distributed.rpc, medians, by launch mode")
-    fig.tight_layout()
+    handles = [Patch(facecolor="white", edgecolor="black", hatch=HATCHES[i % len(HATCHES)], label=MODE_LABELS[m])
+               for i, m in enumerate(modes)]
+    handles += [Patch(facecolor=COLORS[name][0], label=f"{LABELS[name]} (< 1: {COLORS[name][1][4:]})")
+                for name in contenders]
+    fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=8)
+    ax.set_xlabel("ratio to torch.distributed.rpc on TensorPipe (>1 = better; log scale)")
+    ax.set_title("medians, by launch mode and backend")
+    fig.tight_layout(rect=(0, 0.6 / height_in, 1, 1))  # the legend below, in 0.6 inch
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True

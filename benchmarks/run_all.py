@@ -10,7 +10,8 @@ in one session, as torchrun starts them, and each in a session of its own,
 as separate terminals, services or containers start them. In each mode, the
 same scenarios run first on torch.distributed.rpc (TensorPipe) and then on
 torchrpc, each backend in fresh worker processes on 127.0.0.1 with fresh
-ports:
+ports; then, for ``main`` and ``training``, the same torch.distributed.rpc
+program on torchrpc's TORCHRPC backend (``backend``: issue #23):
 
 - ``main`` (callee + caller): idle CPU, rpc_sync latency, rpc_async
   throughput with 1/16/128 in flight, tensor send 1 KB..64 MB;
@@ -122,7 +123,7 @@ def run_backends(names, modes, cfg, torch_transports, errors):
         if key not in cfg["jobs"]:
             continue
         for mode in modes:
-            for name in names:
+            for name in [n for n in names if key in backends.JOBS.get(n, (key,))]:
                 reps = cfg["init_reps"] if job == "init" else 1
                 start = time.monotonic()
                 print(f"  {launch.MODE_LABELS[mode]:<17} {backends.LABELS[name]:<22} {key:<8} "

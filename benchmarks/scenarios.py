@@ -353,10 +353,10 @@ def init_shutdown(backend, name, rank, world_size, ports, control, cfg):
     rpc = backend.rpc
     init_s, shutdown_s = [], []
     for rep, port in enumerate(ports):
-        options = backend.options(port, cfg["threads"], cfg["rpc_timeout"])
+        kwargs = backend.init_kwargs(port, cfg["threads"], cfg["rpc_timeout"])
         control.barrier(f"init/{rep}")
         start = time.perf_counter()
-        rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=options)
+        rpc.init_rpc(name, rank=rank, world_size=world_size, **kwargs)
         init_s.append(time.perf_counter() - start)
         control.barrier(f"up/{rep}")
         start = time.perf_counter()

@@ -28,8 +28,7 @@ def _init(backend, control, name, rank, spec, world_size=None):
     """
     cfg = spec["cfg"]
     backend.rpc.init_rpc(name, rank=rank, world_size=world_size or spec["world_size"],
-                         rpc_backend_options=backend.options(spec["ports"][0], cfg["threads"],
-                                                             cfg["rpc_timeout"]))
+                         **backend.init_kwargs(spec["ports"][0], cfg["threads"], cfg["rpc_timeout"]))
     control.barrier("ready")
 
 
