@@ -25,7 +25,6 @@
 #include "transport/same_host.h"
 #include "worker/worker.h"
 
-namespace py = pybind11;
 namespace rref = torchrpc::rref;
 namespace ag = torchrpc::autograd;
 using namespace torchrpc::bindings;  // glue.h: Call, OutgoingMessage, errorTuple, ...

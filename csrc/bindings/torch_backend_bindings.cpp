@@ -16,7 +16,6 @@
 
 namespace torchrpc::bindings {
 
-namespace py = pybind11;
 using torchrpc::torch_backend::TorchAgent;
 
 void bindTorchBackend(py::module_& m) {
