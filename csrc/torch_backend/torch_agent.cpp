@@ -1,5 +1,6 @@
 #include "torch_backend/torch_agent.h"
 
+#include <ATen/ThreadLocalState.h>
 #include <torch/csrc/distributed/rpc/utils.h>
 
 #include <algorithm>
@@ -161,6 +162,12 @@ void TorchAgent::callDone() {
 }
 
 void TorchAgent::serve(message::Message&& request, message::Reply reply) {
+  // The pool thread gets its thread-local state back afterwards. Upstream's
+  // profiled request (RUN_WITH_PROFILING_REQ) leaves its profiler callback
+  // on the thread when the call completes at once; pool threads are reused
+  // (the hot one especially), so each later request would record every op
+  // once more, and no caller could read its events.
+  at::ThreadLocalStateGuard isolated{at::ThreadLocalState()};
   const uint64_t id = request.id;
   c10::intrusive_ptr<upstream::Message> m = unwrapRequest(std::move(request));  // a throw: the agent answers it
   m->setId(static_cast<int64_t>(id));

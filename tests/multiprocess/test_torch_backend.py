@@ -96,3 +96,17 @@ def test_distributed_autograd_backward():
         grads = dist_autograd.get_gradients(ctx)
     assert_close(grads[t1], torch.full((3, 3), 2.0))
     assert_close(grads[t2], torch.ones(3, 3))
+
+
+def test_each_profiled_call_brings_back_the_callees_ops_once():
+    # Upstream's profiled request leaves its profiler on the callee's thread
+    # when the call completes at once. The pool reuses that thread, so each
+    # later call recorded every op once more, and the caller's profile then
+    # lost the callee's events altogether.
+    from torch.autograd.profiler_legacy import profile
+
+    for _ in range(3):
+        with profile() as prof:
+            rpc.rpc_sync("worker2", F.add, args=(torch.ones(2), 1))
+        remote = [e.name for e in prof.function_events if e.node_id == 2]
+        assert sum(name.endswith("#remote_op: aten::add") for name in remote) == 1, remote
