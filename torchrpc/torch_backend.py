@@ -105,18 +105,31 @@ def _init_backend(store, name, rank, world_size, rpc_backend_options):
     # upstream's init_backend(backend, store=, name=, rank=, world_size=, rpc_backend_options=)
     if not isinstance(store, dist.Store):
         raise TypeError(f"the TORCHRPC backend needs a torch.distributed.Store; got {type(store).__name__}")
-    if not world_size:
-        raise ValueError(f"init_rpc({name!r}, backend=TORCHRPC) needs a world_size: workers that join and leave a "
-                         "running job are not supported by this backend yet (torchrpc.init_rpc supports them)")
-    agent = native().TorchBackendAgent(store, _agent_options(name, rank, world_size, rpc_backend_options))
+    # No world_size: a dynamic job, whose workers join and leave while it runs.
+    agent = native().TorchBackendAgent(store, _agent_options(name, rank, world_size or 0, rpc_backend_options))
     _api._init_rpc_states(agent)  # upstream's: sets the current agent, its RRef context, and starts it
     return agent
+
+
+def _wait_all_workers(*args, **kwargs):
+    # Upstream's graceful shutdown meets every worker first, except on a
+    # dynamic TensorPipe agent. A dynamic TORCHRPC worker leaves on its own
+    # too (its agent's join tells the members), so it meets no one: the
+    # others may go on running.
+    agent = _api._get_current_rpc_agent() if _api._is_current_rpc_agent_set() else None
+    if isinstance(agent, native().TorchBackendAgent) and not agent.is_static_group:
+        return None
+    return _upstream_wait_all_workers(*args, **kwargs)
+
+
+_upstream_wait_all_workers = _api._wait_all_workers
 
 
 def register():
     """Registers the backend with torch.distributed.rpc (once per process)."""
     if not _registry.backend_registered(BACKEND_NAME):
         _registry.register_backend(BACKEND_NAME, _construct_options, _init_backend)
+        _api._wait_all_workers = _wait_all_workers  # shutdown() looks it up in api at call time
     # register_backend makes a new BackendType enum; torch.distributed.rpc's
     # own name must be that one, or its init_rpc refuses its default backend.
     _rpc.BackendType = _registry.BackendType

@@ -38,6 +38,7 @@ void bindTorchBackend(py::module_& m) {
       .def("get_worker_info",
            py::overload_cast<torch::distributed::rpc::worker_id_t>(&TorchAgent::getWorkerInfo, py::const_),
            py::return_value_policy::reference_internal)
+      .def_property_readonly("is_static_group", &TorchAgent::isStaticGroup)
       .def("_pending_requests", [](const TorchAgent& a) { return a.torchrpcAgent()->pendingCount(); });
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <set>
 #include <stdexcept>
+#include <thread>
 
 #include "common/error.h"
 #include "message/payload.h"
@@ -63,37 +64,47 @@ TorchAgent::TorchAgent(c10::intrusive_ptr<c10d::Store> store, agent::AgentOption
       name_(options.name),
       startTimeoutSeconds_(options.defaultTimeoutSeconds),
       serverStats_(std::make_shared<ServerStats>()) {
-  TORCH_CHECK_VALUE(options.worldSize > 0,
-                    "the TORCHRPC backend needs a world_size (a static job); workers that join and leave a "
-                    "running job (init_rpc without world_size) are not supported by it yet: use torchrpc's own "
-                    "init_rpc for those");
-  TORCH_CHECK_VALUE(options.rank >= 0 && options.rank < options.worldSize, "rank ", options.rank,
-                    " is not in [0, world_size=", options.worldSize, ")");
+  TORCH_CHECK_VALUE(options.worldSize <= 0 || (options.rank >= 0 && options.rank < options.worldSize), "rank ",
+                    options.rank, " is not in [0, world_size=", options.worldSize, ")");
   if (options.hostId.empty()) options.hostId = worker::localHostId();
   rendezvous_ = std::make_unique<rendezvous::Rendezvous>(std::move(store), options.rank, options.worldSize);
+  if (!rendezvous_->dynamic()) rendezvous_->claimKind();  // a dynamic job's worker claims it as it joins
   options.secret = rendezvous_->sharedSecret(options.secret);
   agent_ = std::make_shared<agent::Agent>(options);
   try {
     auto [tcp, unixAddr] = agent_->listen();
-    agent_->setPeers(rendezvous_->exchange({options.name, options.rank, tcp, unixAddr, options.hostId}));
+    agent::PeerInfo me{options.name, options.rank, tcp, unixAddr, options.hostId};
+    if (rendezvous_->dynamic()) {
+      membership_ = std::make_unique<worker::Membership>(agent_, *rendezvous_);
+      agent_->setPeers(membership_->enter(me));
+      membership_->install();
+    } else {
+      agent_->setPeers(rendezvous_->exchange(me));
+    }
     agent_->setHandler(
         message::MessageType::kTorchRequest,
         [this](message::Message&& request, int, message::Reply reply) { serve(std::move(request), std::move(reply)); },
         "a torch.distributed.rpc request");
-    peerWatch_ = worker::PeerWatch::create(agent_);
-    for (const agent::PeerInfo& p : agent_->members().list()) {
-      byName_.emplace(p.name, byRank_.size());
-      byRank_.emplace_back(p.name, static_cast<upstream::worker_id_t>(p.rank));
-    }
+    // A dynamic job's worker that died never leaves: the members drop it, so calls to it say so.
+    peerWatch_ = worker::PeerWatch::create(agent_, [agent = std::weak_ptr<agent::Agent>(agent_)](int rank) {
+      auto a = agent.lock();
+      if (a && a->members().dynamic()) {
+        a->removePeer(rank, "stopped without leaving the job (its connection was lost and it cannot be reached)");
+      }
+    });
   } catch (...) {
     agent_->shutdown();
+    membership_.reset();  // gives the membership token back
     throw;
   }
 }
 
 TorchAgent::~TorchAgent() { shutdown(); }
 
-void TorchAgent::startImpl() { agent_->startServing(); }
+void TorchAgent::startImpl() {
+  agent_->startServing();
+  if (membership_) membership_->announce(defaultWaitSeconds());
+}
 
 void TorchAgent::shutdownImpl() {
   if (stopped_.exchange(true)) return;
@@ -210,14 +221,19 @@ double TorchAgent::defaultWaitSeconds() const {
 }
 
 std::string TorchAgent::workerLabel(int rank) const {
-  return rank >= 0 && static_cast<size_t>(rank) < byRank_.size() ? byRank_[rank].name_ + " (rank " + std::to_string(rank) + ")"
-                                                                  : "rank " + std::to_string(rank);
+  auto peer = agent_->members().find(rank);
+  return peer ? peer->name + " (rank " + std::to_string(rank) + ")" : "rank " + std::to_string(rank);
 }
 
 void TorchAgent::join(bool shutdown, float timeout) {
   const double seconds = timeout > 0 ? timeout : defaultWaitSeconds();
   const std::string limit = common::secondsText(seconds) + " s";
   const auto deadline = after(seconds);
+  if (!isStaticGroup()) {  // no meeting: each worker of a dynamic job leaves on its own
+    TORCH_CHECK(waitCalls(deadline), "join on ", name_, ": ", clientCalls(), " call(s) still in flight after ", limit);
+    if (shutdown) leave(deadline, limit);
+    return;
+  }
   const std::string tag = "torch-backend/join/" + std::to_string(meetings_++);
   auto gone = [watch = peerWatch_](int rank) { return watch->gone(rank); };
   std::set<int> dead;  // workers the meetings went on without
@@ -232,6 +248,7 @@ void TorchAgent::join(bool shutdown, float timeout) {
     if (shutdown) {
       auto late = rendezvous_->barrier(tag + "/done", secondsLeft(deadline), gone);
       dead.insert(late.begin(), late.end());
+      if (agent_->options().rank == 0) rendezvous_->releaseKind();  // everyone left the store
     }
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "join on ", name_, " did not finish within ", limit, " (timeout=", timeout,
@@ -244,30 +261,69 @@ void TorchAgent::join(bool shutdown, float timeout) {
               " died without shutting down; the other workers met without it. Check its log for why it exited.");
 }
 
+void TorchAgent::leave(Clock::time_point deadline, const std::string& limit) {
+  if (std::exception_ptr failed = membership_->leave(secondsLeft(deadline))) {
+    TORCH_CHECK(false, "shutdown of ", name_, ": leaving the job: ", common::errorParts(failed).message);
+  }
+  // The members no longer send here; answer what they sent before.
+  while (serverStats_->calls.load() > 0) {
+    TORCH_CHECK(Clock::now() < deadline, "shutdown of ", name_, ": ", serverStats_->calls.load(),
+                " request(s) it serves still running after ", limit);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
 void TorchAgent::sync() {
   const auto deadline = after(defaultWaitSeconds());
   TORCH_CHECK(waitCalls(deadline), "sync on ", name_, ": ", clientCalls(), " call(s) still in flight after ",
               common::secondsText(defaultWaitSeconds()), " s");
+  if (!isStaticGroup()) return;  // a dynamic job has no fixed set of workers to meet
   auto gone = [watch = peerWatch_](int rank) { return watch->gone(rank); };
   rendezvous_->barrier("torch-backend/sync/" + std::to_string(meetings_++), secondsLeft(deadline), gone);
 }
 
-const upstream::WorkerInfo& TorchAgent::getWorkerInfo(const std::string& workerName) const {
-  auto it = byName_.find(workerName);
-  if (it != byName_.end()) return byRank_[it->second];
+const upstream::WorkerInfo& TorchAgent::infoOf(int rank, const std::string& name) const {
+  std::lock_guard<std::mutex> lock(infosMutex_);
+  auto& info = infos_[{rank, name}];
+  if (!info) info = std::make_unique<upstream::WorkerInfo>(name, static_cast<upstream::worker_id_t>(rank));
+  return *info;
+}
+
+namespace {
+
+std::string knownNames(const agent::Members& members) {
   std::string known;
-  for (const auto& info : byRank_) known += (known.empty() ? "" : ", ") + info.name_;
+  for (const auto& peer : members.list()) known += (known.empty() ? "" : ", ") + peer.name;
+  return known;
+}
+
+}  // namespace
+
+const upstream::WorkerInfo& TorchAgent::getWorkerInfo(const std::string& workerName) const {
+  const agent::Members& members = agent_->members();
+  const int rank = members.rankOf(workerName);
+  if (rank >= 0) return infoOf(rank, workerName);
+  const std::string departed = members.departed(workerName);
   // Upstream's phrase ("could not find destination"), which its programs match.
-  TORCH_CHECK(false, "could not find destination worker '", workerName, "' in the job; its workers are ", known);
+  TORCH_CHECK(departed.empty(), "could not find destination worker '", workerName, "': ", departed);
+  TORCH_CHECK(false, "could not find destination worker '", workerName, "' in the job; its workers are ",
+              knownNames(members));
 }
 
 const upstream::WorkerInfo& TorchAgent::getWorkerInfo(upstream::worker_id_t id) const {
-  TORCH_CHECK(id >= 0 && static_cast<size_t>(id) < byRank_.size(), "could not find destination worker of rank ", id,
-              " in the job; its ranks are 0 to ", byRank_.size() - 1);
-  return byRank_[id];
+  const agent::Members& members = agent_->members();
+  if (auto peer = members.find(id)) return infoOf(id, peer->name);
+  const std::string departed = members.departed(id);
+  TORCH_CHECK(departed.empty(), "could not find destination worker of rank ", id, ": ", departed);
+  TORCH_CHECK(false, "could not find destination worker of rank ", id, " in the job; its workers are ",
+              knownNames(members));
 }
 
-std::vector<upstream::WorkerInfo> TorchAgent::getWorkerInfos() const { return byRank_; }
+std::vector<upstream::WorkerInfo> TorchAgent::getWorkerInfos() const {
+  std::vector<upstream::WorkerInfo> infos;
+  for (const auto& peer : agent_->members().list()) infos.push_back(infoOf(peer.rank, peer.name));
+  return infos;
+}
 
 void TorchAgent::addGilWaitTime(const std::chrono::microseconds gilWaitTime) {
   gilWaitMicros_ += static_cast<uint64_t>(gilWaitTime.count());

@@ -26,6 +26,11 @@
 // name), start() (serve), join() (wait until no worker has a call in flight),
 // shutdown(). Threads: send() and the getters from any thread; join(), sync()
 // and shutdown() from one that is not the agent's (pool or loop).
+//
+// A dynamic job (init_rpc without a world_size, as TensorPipe's): the worker
+// joins the members there are and leaves on its own, through
+// worker/membership.h, as torchrpc's own workers do; the worker tables here
+// follow the agent's members.
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/rpc/rpc_agent.h>
@@ -33,6 +38,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -41,6 +47,7 @@
 
 #include "agent/agent.h"
 #include "rendezvous/rendezvous.h"
+#include "worker/membership.h"
 #include "worker/peer_watch.h"
 
 namespace torchrpc::torch_backend {
@@ -49,10 +56,12 @@ namespace upstream = torch::distributed::rpc;
 
 class TorchAgent : public upstream::RpcAgent {
  public:
-  // Joins a static job of options.worldSize workers through `store` (the
-  // store upstream's init_rpc made); `callback` is upstream's request
-  // callback (RequestCallbackImpl, from the Python side). options.secret,
-  // if empty, comes from the rendezvous (rendezvous.h sharedSecret).
+  // Joins a job through `store` (the store upstream's init_rpc made): a
+  // static one of options.worldSize workers, or with worldSize 0 a dynamic
+  // one (it is announced to the members once start() serves). `callback` is
+  // upstream's request callback (RequestCallbackImpl, from the Python side).
+  // options.secret, if empty, comes from the rendezvous (rendezvous.h
+  // sharedSecret).
   TorchAgent(c10::intrusive_ptr<c10d::Store> store, agent::AgentOptions options,
              std::unique_ptr<upstream::RequestCallback> callback);
   ~TorchAgent() override;
@@ -72,15 +81,20 @@ class TorchAgent : public upstream::RpcAgent {
   // `timeout` seconds (<= 0: the rpc_timeout the agent started with). With
   // `shutdown`, all workers then meet once more, so none stops serving while
   // another still counts. A worker found dead is not waited for; join then
-  // throws, naming it.
+  // throws, naming it. A dynamic job's worker waits for its own calls only;
+  // with `shutdown` it then leaves the job (the members drop it) and waits
+  // for the requests it is still serving.
   void join(bool shutdown = false, float timeout = 0) override;
-  // Waits for this worker's calls, then for every worker to reach sync().
+  // Waits for this worker's calls, then (a static job) for every worker to
+  // reach sync().
   void sync() override;
   void startImpl() override;
   void shutdownImpl() override;
   std::unordered_map<std::string, std::string> getMetrics() override;
   std::unordered_map<std::string, std::string> getDebugInfo() override;
 
+  // False in a dynamic job (TensorPipe's agent has the same property).
+  bool isStaticGroup() const { return membership_ == nullptr; }
   // The torchrpc agent underneath (tests, debugging).
   const std::shared_ptr<agent::Agent>& torchrpcAgent() const { return agent_; }
 
@@ -98,14 +112,22 @@ class TorchAgent : public upstream::RpcAgent {
   // The bound of join() and sync() when none is given.
   double defaultWaitSeconds() const;
   std::string workerLabel(int rank) const;
+  // Upstream's WorkerInfo of a member; upstream keeps references to it, so
+  // each one lives as long as the agent.
+  const upstream::WorkerInfo& infoOf(int rank, const std::string& name) const;
+  // A dynamic job's leave: tells the members, then waits for the requests
+  // this worker still serves. Throws at the deadline or if some member could
+  // not be told.
+  void leave(std::chrono::steady_clock::time_point deadline, const std::string& limit);
 
   const std::string name_;
   const double startTimeoutSeconds_;
   std::unique_ptr<rendezvous::Rendezvous> rendezvous_;
   std::shared_ptr<agent::Agent> agent_;
   std::shared_ptr<worker::PeerWatch> peerWatch_;
-  std::vector<upstream::WorkerInfo> byRank_;
-  std::unordered_map<std::string, size_t> byName_;
+  std::unique_ptr<worker::Membership> membership_;  // a dynamic job's
+  mutable std::mutex infosMutex_;
+  mutable std::map<std::pair<int, std::string>, std::unique_ptr<upstream::WorkerInfo>> infos_;
 
   // Calls sent and not yet completed (their callbacks run): join() waits for zero.
   std::mutex callsMutex_;

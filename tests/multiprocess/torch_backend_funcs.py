@@ -38,6 +38,19 @@ def exit_soon(delay):
     return os.getpid()
 
 
+_stop = threading.Event()
+
+
+def request_stop():
+    """Lets a dynamic job's worker leave (torch_backend_job.py waits for it)."""
+    _stop.set()
+    return rpc.get_worker_info().name
+
+
+def wait_for_stop(timeout):
+    return _stop.wait(timeout)
+
+
 @torch.jit.script
 def script_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a + b

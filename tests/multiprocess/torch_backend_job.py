@@ -7,7 +7,8 @@ shut down gracefully.
 Upstream's init_rpc works once per process with fresh peers (its store
 prefix counts the process's inits), so a second job in one test session
 runs rank 0 as a subprocess too: ``driver="module:function"`` runs that
-function there after init, then shuts down at once."""
+function there after init, then shuts down at once (unless the function
+did, e.g. gracefully)."""
 
 import argparse
 import faulthandler
@@ -30,11 +31,16 @@ def _options(init_method, threads, rpc_timeout):
 
 
 class TorchBackendJob:
-    """World of `world_size` workers worker0..N-1 on the TORCHRPC backend."""
+    """World of `world_size` workers worker0..N-1 on the TORCHRPC backend.
+    With dynamic=True they call init_rpc without a world_size, and each
+    worker but rank 0 serves until F.request_stop, then leaves on its own."""
 
-    def __init__(self, world_size, *, threads=4, rpc_timeout=30.0, driver=None):
+    def __init__(self, world_size, *, threads=4, rpc_timeout=30.0, driver=None, dynamic=False,
+                 init_method=None, prefix=None):
         self.world_size, self.threads, self.rpc_timeout, self.driver = world_size, threads, rpc_timeout, driver
-        self.init_method = f"tcp://127.0.0.1:{cluster.free_port()}"
+        self.dynamic = dynamic
+        self.init_method = init_method or f"tcp://127.0.0.1:{cluster.free_port()}"
+        self.prefix = prefix or (lambda rank: [])  # what runs a rank's command (e.g. ip netns exec)
         self.dir = tempfile.mkdtemp(prefix="torchrpc-backend-")
         self.procs = {}
 
@@ -45,11 +51,11 @@ class TorchBackendJob:
     def __enter__(self):
         for rank in range(0 if self.driver else 1, self.world_size):
             cmd = [sys.executable, "-m", "tests.multiprocess.torch_backend_job", "--rank", str(rank),
-                   "--world-size", str(self.world_size), "--init-method", self.init_method,
+                   "--world-size", str(0 if self.dynamic else self.world_size), "--init-method", self.init_method,
                    "--threads", str(self.threads), "--rpc-timeout", str(self.rpc_timeout)]
             if rank == 0:
                 cmd += ["--driver", self.driver]
-            self.procs[rank] = cluster.spawn(cmd, os.path.join(self.dir, f"worker{rank}.log"))
+            self.procs[rank] = cluster.spawn([*self.prefix(rank), *cmd], os.path.join(self.dir, f"worker{rank}.log"))
         cluster._live.add(self)
         if self.driver:
             return self
@@ -104,16 +110,20 @@ def main():
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     from tests.multiprocess import torch_backend_funcs  # noqa: F401  (its script functions, compiled here too)
 
-    rpc.init_rpc(f"worker{args.rank}", rank=args.rank, world_size=args.world_size, backend=rpc.BackendType.TORCHRPC,
+    rpc.init_rpc(f"worker{args.rank}", rank=args.rank, world_size=args.world_size or None,
+                 backend=rpc.BackendType.TORCHRPC,
                  rpc_backend_options=_options(args.init_method, args.threads, args.rpc_timeout))
     if args.driver:
         module, function = args.driver.split(":")
         try:
             getattr(importlib.import_module(module), function)()
         finally:
-            rpc.shutdown(graceful=False)
+            if rpc.api._is_current_rpc_agent_set():  # unless the driver shut down itself
+                rpc.shutdown(graceful=False)
         return
-    rpc.shutdown()  # graceful: serves until every worker got here
+    if not args.world_size:  # a dynamic job's worker leaves when told, on its own
+        assert torch_backend_funcs.wait_for_stop(120), "nobody called request_stop within 120 s"
+    rpc.shutdown()  # graceful: a static job's serves until every worker got here
 
 
 if __name__ == "__main__":
