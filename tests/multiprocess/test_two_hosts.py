@@ -22,6 +22,7 @@ import pytest
 
 from tests.multiprocess import probes
 from tests.multiprocess.cluster import ROOT, spawn, worker_command
+from tests.multiprocess.torch_backend_job import TorchBackendJob
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("ip"),
@@ -202,3 +203,42 @@ def test_functional_modules_pass_with_workers_on_another_host():
         cwd=ROOT, env=dict(os.environ, TORCHRPC_TEST_REMOTE_HOST="1"), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
     assert " passed" in done.stdout.splitlines()[-1], done.stdout[-2000:]
+
+
+def _backend_calls_on_rank0():
+    import torch
+    import torch.distributed.autograd as dist_autograd
+    import torch.distributed.rpc as rpc
+    from torch.testing import assert_close
+
+    from tests.multiprocess import torch_backend_funcs as F
+
+    a, b = torch.ones(3), torch.arange(3.0)
+    assert_close(rpc.rpc_sync("worker1", torch.add, args=(a, b)), a + b)
+    assert_close(rpc.rpc_sync("worker1", F.add, args=(a, b)), a + b)
+    assert_close(rpc.rpc_sync("worker1", F.script_add, args=(a, b)), a + b)
+    assert_close(rpc.remote("worker1", F.add, args=(a, 1)).to_here(), a + 1)
+    big = torch.randn(1 << 20)  # 4 MB: many TCP segments
+    assert_close(rpc.rpc_sync("worker1", F.add, args=(big, big)), 2 * big)
+    x = torch.rand(3, requires_grad=True)
+    with dist_autograd.context() as ctx:
+        dist_autograd.backward(ctx, [rpc.rpc_sync("worker1", torch.mul, args=(x, 3.0)).sum()])
+        assert_close(dist_autograd.get_gradients(ctx)[x], torch.full((3,), 3.0))
+    print("backend across hosts: checked", flush=True)
+    rpc.shutdown()  # graceful: worker1's meets it
+
+
+def test_the_torch_backend_calls_over_tcp_between_namespaces(tmp_path):
+    # torch.distributed.rpc's TORCHRPC backend on the same transport: no Unix
+    # socket reaches across namespaces, so only TCP can carry these calls.
+    h = _Hosts(str(tmp_path))
+    try:
+        h.create()
+        job = TorchBackendJob(2, driver=f"{__name__}:_backend_calls_on_rank0",
+                              init_method=f"tcp://{h.addr[0]}:{PORT}", prefix=lambda rank: ["ip", "netns", "exec", h.ns[rank]])
+        with job:
+            codes = job.wait_exits(timeout=90)
+            log = job.log(0)
+    finally:
+        h.destroy()
+    assert codes == {0: 0, 1: 0} and "backend across hosts: checked" in log, (log, job.log(1))
