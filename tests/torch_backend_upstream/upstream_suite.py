@@ -3,15 +3,19 @@ TORCHRPC backend, the way upstream tests its backends: a fixture that
 subclasses upstream's RpcAgentTestFixture, passed to generate_tests() as
 torch's test/distributed/rpc/test_tensorpipe_agent.py does.
 
-Not part of ``make test`` (it needs ``expecttest`` and takes long): run it with
-``make test-torch-backend`` (ARGS="-k test_add" picks tests). Test ids match
-upstream's CI names with the prefix TorchRpc: ``TorchRpcRpcTest.test_add``.
+It holds upstream's generic classes and its TensorPipe-only ones
+(TensorPipeAgentRpcTest, TensorPipeAgentDistAutogradTest: sparse tensors,
+dynamic jobs, options): the backend is meant to pass whatever TensorPipe
+passes here. ``make test-torch-backend`` runs it all (ARGS="-k test_add" picks
+tests; ~8 minutes); ``make test`` runs a smoke subset
+(test_upstream_smoke.py). Test ids match upstream's CI names with the prefix
+TorchRpc: ``TorchRpcRpcTest.test_add``.
 """
 
 import torch.distributed.rpc as rpc
 import torch.multiprocessing
 from torch.testing._internal.distributed.rpc.rpc_agent_test_fixture import RpcAgentTestFixture
-from torch.testing._internal.distributed.rpc_utils import GENERIC_TESTS, generate_tests
+from torch.testing._internal.distributed.rpc_utils import GENERIC_TESTS, TENSORPIPE_TESTS, generate_tests
 
 import torchrpc  # noqa: F401  (registers the backend)
 
@@ -45,4 +49,4 @@ class TorchRpcAgentTestFixture(RpcAgentTestFixture):
         self._start_processes(ctx.Process)
 
 
-globals().update(generate_tests("TorchRpc", TorchRpcAgentTestFixture, GENERIC_TESTS, __name__))
+globals().update(generate_tests("TorchRpc", TorchRpcAgentTestFixture, GENERIC_TESTS + TENSORPIPE_TESTS, __name__))
