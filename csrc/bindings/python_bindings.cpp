@@ -19,6 +19,7 @@
 #include "message/receive_buffers.h"
 #include "optim/optimizer.h"
 #include "profiling/profiler.h"
+#include "script_dispatch/exported_program.h"
 #include "python_fallback/call_messages.h"
 #include "python_fallback/run_python.h"
 #include "transport/loop.h"
@@ -226,6 +227,13 @@ PYBIND11_MODULE(_C, m) {
       .def("set_script_resolver", [](Agent& a, py::object fn) { pf::installScriptResolver(a, std::move(fn)); })
       .def("register_script",
            [](Agent& a, const std::string& name, py::handle fn) { a.registry().add(name, pf::calleeFromPython(fn)); })
+      // An AOTInductor package (exported_program.h), with one model instance per pool thread.
+      .def("register_exported",
+           [](Agent& a, const std::string& name, const std::string& path, const std::string& signature) {
+             a.registry().add(name, torchrpc::script_dispatch::exportedProgramCallee(
+                                        path, name, a.registry().concurrency(), signature));
+           },
+           py::call_guard<py::gil_scoped_release>())
       .def("send",
            [](Agent& a, int dst, OutgoingMessage& msg, double timeout, const std::string& kind,
               const std::string& function) { return send(a, dst, msg.take(), timeout, kind, function); })
