@@ -165,10 +165,13 @@ PYBIND11_MODULE(_C, m) {
                              bool asyncExecution) {
     return OutgoingMessage{pf::scriptCallMessage(name, moduleHint, fn, args, kwargs, shipped, asyncExecution)};
   });
-  m.def("named_message", [](const std::string& name, const py::tuple& args, const py::dict& kwargs,
-                            const std::string& kind) {
-    return OutgoingMessage{pf::namedCallMessage(name, args, kwargs, kind)};
-  });
+  m.def(
+      "named_message",
+      [](const std::string& name, const py::tuple& args, const py::dict& kwargs, const std::string& kind,
+         const py::object& shipped) {
+        return OutgoingMessage{pf::namedCallMessage(name, args, kwargs, kind, shipped)};
+      },
+      py::arg("name"), py::arg("args"), py::arg("kwargs"), py::arg("kind"), py::arg("shipped") = py::none());
   // (message, the overload's schema name)
   m.def("builtin_message", [](const std::string& opName, const py::tuple& args, const py::dict& kwargs) {
     std::string schemaName;

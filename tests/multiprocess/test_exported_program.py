@@ -17,7 +17,7 @@ import torch
 from torch.testing import assert_close
 
 import torchrpc as rpc
-from torchrpc import exported
+from torchrpc import exported, shipped_code
 from tests.multiprocess import funcs
 from tests.multiprocess.cluster import Cluster
 
@@ -49,7 +49,8 @@ def job(tmp_path_factory, monkeypatch_module):
     started = time.time()
     path = exported.package(EP)
     print(f"AOTInductor compile: {time.time() - started:.1f} s")
-    with Cluster(3) as c:
+    # worker2 takes no shipped code: it serves the package it registered, by name
+    with Cluster(3, worker_options={2: {"allow_shipped_code": False}}) as c:
         for worker in ("worker1", "worker2"):
             rpc.rpc_sync(worker, rpc.register, args=("ep.model", path))
         rpc.register("ep.model", EP)  # this process: the program itself, compiled already
@@ -184,6 +185,32 @@ def test_exported_calls_run_while_the_callee_holds_the_gil():
     start, end = rpc.rpc_sync("worker2", funcs.hold_window)
     assert start <= started and finished <= end, (
         f"exported calls ran from {started:.3f} to {finished:.3f}; worker2 held the GIL from {start:.3f} to {end:.3f}")
+
+
+# ---- the program itself, shipped ------------------------------------------------------
+
+def test_program_called_directly_ships_its_package_once_per_callee():
+    # remote() first: it has no resend path, so it carries the package
+    assert_same(rpc.remote("worker1", EP, args=(X, Y), kwargs={"scale": SCALE}).to_here(), expected())
+    assert shipped_code.shipped(EP, 1)
+    for _ in range(3):  # by hash alone from now on
+        assert_same(rpc.rpc_sync("worker1", EP, args=(X, Y), kwargs={"scale": SCALE}), expected())
+    assert_same(rpc.rpc_async("worker1", EP, args=(X, Y), kwargs={"scale": SCALE}).wait(), expected())
+    # rpc_sync to a callee without it: the hash alone, refused, resent with the package
+    assert_same(rpc.rpc_sync("worker0", EP, args=(X, Y), kwargs={"scale": SCALE}), expected())
+    names = rpc.rpc_sync("worker1", rpc.api._debug_info)["script_functions"]
+    assert sum(n.startswith("sha1:") for n in names) == 1, names
+
+
+def test_program_called_directly_checks_inputs():
+    with pytest.raises(TypeError, match="argument 'x' must be a Float tensor") as info:
+        rpc.rpc_sync("worker1", EP, args=(X.double(), Y), kwargs={"scale": SCALE})
+    assert "'exported:" in str(info.value) and "worker1" in str(info.value)
+
+
+def test_callee_that_takes_no_shipped_code_refuses_the_package():
+    with pytest.raises(rpc.CalleePolicyError, match="worker2"):
+        rpc.rpc_sync("worker2", EP, args=(X, Y), kwargs={"scale": SCALE})
 
 
 # ---- registration ------------------------------------------------------------------
