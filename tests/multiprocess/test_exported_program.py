@@ -8,8 +8,10 @@ package cache in a temporary folder; worker1 and worker2 register the package
 by its path, this process registers the ExportedProgram itself (a cache hit).
 """
 
+import json
 import threading
 import time
+import zipfile
 from typing import Tuple
 
 import pytest
@@ -50,11 +52,27 @@ def job(tmp_path_factory, monkeypatch_module):
     path = exported.package(EP)
     print(f"AOTInductor compile: {time.time() - started:.1f} s")
     # worker2 takes no shipped code: it serves the package it registered, by name
+    foreign = without_signature(path, tmp_path_factory.mktemp("foreign") / "foreign.pt2")
     with Cluster(3, worker_options={2: {"allow_shipped_code": False}}) as c:
         for worker in ("worker1", "worker2"):
             rpc.rpc_sync(worker, rpc.register, args=("ep.model", path))
+        rpc.rpc_sync("worker1", rpc.register, args=("ep.foreign", str(foreign)))
         rpc.register("ep.model", EP)  # this process: the program itself, compiled already
         yield c
+
+
+def without_signature(path, out):
+    """A copy of the package at `path` without torchrpc's signature: as one
+    compiled by torch alone."""
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(out, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item.filename)
+            if item.filename.endswith("_metadata.json"):
+                meta = json.loads(data)
+                meta.pop(exported.SIGNATURE_KEY, None)
+                data = json.dumps(meta).encode()
+            dst.writestr(item, data)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +124,13 @@ def script_caller(to: str, x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor
 def test_torchscript_caller_by_name():
     assert_same(script_caller("worker1", X, Y, SCALE), expected())
     assert_same(script_caller("worker0", X, Y, SCALE), expected())
+
+
+def test_package_compiled_elsewhere_is_called_by_its_call_spec():
+    # no torchrpc signature: inputs named by position, the kwarg by its key, no dtype or shape checks
+    assert_same(rpc.rpc_sync("worker1", "ep.foreign", args=(X, Y), kwargs={"scale": SCALE}), expected())
+    with pytest.raises(TypeError, match="'ep.foreign'.*argument 'arg1'"):
+        rpc.rpc_sync("worker1", "ep.foreign", args=(X,), kwargs={"scale": SCALE})
 
 
 # ---- inputs checked before anything runs --------------------------------------------
