@@ -16,6 +16,7 @@ import hashlib
 import io
 import json
 import os
+import platform
 import tempfile
 import threading
 import warnings
@@ -51,12 +52,14 @@ def is_exported_program(obj):
 
 def content_hash(ep):
     """sha256 of what the package depends on: the saved program and weights
-    (not its example inputs, nor the save's random id), torch's version and
-    the signature format."""
+    (not its example inputs, nor the save's random id), torch's version, the
+    CPU's architecture and vector ISA, and the signature format."""
     buf = io.BytesIO()
     torch.export.save(ep, buf)
     h = hashlib.sha256()
-    h.update(f"{FORMAT}\0{torch.__version__}\0".encode())
+    # The package is native code for this torch and this CPU (-march=native).
+    isa = torch.backends.cpu.get_cpu_capability()
+    h.update(f"{FORMAT}\0{torch.__version__}\0{platform.machine()}\0{isa}\0".encode())
     with zipfile.ZipFile(buf) as z:
         for name in sorted(z.namelist()):
             if "/sample_inputs/" in name or name.endswith("serialization_id"):
@@ -158,11 +161,15 @@ def package_signature(path):
     it returns; dtypes and shapes unchecked."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no AOTInductor package at {path!r}")
-    with zipfile.ZipFile(path) as z:
-        for name in z.namelist():
-            if name.endswith("_metadata.json") and "/aotinductor/" in name:
-                if SIGNATURE_KEY in json.loads(z.read(name)):
-                    return ""
+    try:
+        with zipfile.ZipFile(path) as z:
+            for name in z.namelist():
+                if name.endswith("_metadata.json") and "/aotinductor/" in name:
+                    if SIGNATURE_KEY in json.loads(z.read(name)):
+                        return ""
+    except zipfile.BadZipFile as err:
+        raise ValueError(f"{path!r} is not an AOTInductor package (a .pt2 zip from "
+                         f"torch._inductor.aoti_compile_and_package): {err}") from None
     loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
     in_spec, out_spec = (torch.utils._pytree.treespec_loads(s) for s in loader.get_call_spec())
     args_spec, kwargs_spec = in_spec.children()

@@ -1,6 +1,7 @@
 #include "script_dispatch/exported_program.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/cpu/Utils.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 
 #include <algorithm>
@@ -8,7 +9,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <optional>
+#include <sstream>
 
 #include <unistd.h>
 
@@ -27,17 +30,66 @@ std::optional<c10::DeviceType> packageDevice(const std::unordered_map<std::strin
   return std::nullopt;
 }
 
+// Rethrows the exception being handled as a ValueError naming the package.
+[[noreturn]] void cannotLoad(const std::string& path, const std::string& name) {
+  std::string why;
+  try {
+    throw;
+  } catch (const c10::Error& e) {
+    why = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  C10_THROW_ERROR(ValueError, "cannot load the AOTInductor package '" + path + "' as '" + name + "': " + why);
+}
+
+// AOTInductor compiles CPU code for the compiling machine's vector ISA
+// (AOTI_CPU_ISA, e.g. "AVX512 AVX512_VNNI"); on a CPU without it the code
+// dies of an illegal instruction, so such a package is refused before it is
+// loaded. Unknown ISA names are let through.
+void refuseForeignIsa(const std::unordered_map<std::string, std::string>& metadata, const std::string& path,
+                      const std::string& name) {
+  auto it = metadata.find("AOTI_CPU_ISA");
+  if (it == metadata.end()) return;
+  static const std::map<std::string, std::vector<std::string>> needs = {
+      {"AVX2", {"avx2", "fma3"}},
+      {"AVX512", {"avx512_f", "avx512_dq", "avx512_vl", "avx512_bw"}},
+      {"AVX512_VNNI", {"avx512_vnni"}},
+      {"AMX_TILE", {"amx_tile"}},
+  };
+  const auto have = at::cpu::get_cpu_capabilities();
+  std::istringstream isa(it->second);
+  for (std::string token; isa >> token;) {
+    auto need = needs.find(token);
+    if (need == needs.end()) continue;
+    for (const auto& feature : need->second) {
+      auto found = have.find(feature);
+      if (found != have.end() && found->second.isBool() && !found->second.toBool()) {
+        C10_THROW_ERROR(ValueError, "the AOTInductor package '" + path + "' ('" + name + "') was compiled for CPU ISA '" +
+                                        it->second + "', but this CPU lacks " + feature +
+                                        ": compile the program on a machine of this kind");
+      }
+    }
+  }
+}
+
 class ExportedProgramCallee final : public Callee {
  public:
   ExportedProgramCallee(const std::string& path, const std::string& name, size_t concurrency,
                         const std::string& signature)
       : name_(name) {
+    std::unordered_map<std::string, std::string> packaged;
+    try {
+      packaged = torch::inductor::AOTIModelPackageLoader::load_metadata_from_package(path, "model");
+    } catch (const std::exception&) {
+      cannotLoad(path, name);
+    }
+    refuseForeignIsa(packaged, path, name);
     try {
       loader_ = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
           path, "model", /*run_single_threaded=*/false, std::max<size_t>(concurrency, 1));
-    } catch (const std::exception& e) {
-      C10_THROW_ERROR(ValueError, "cannot load the AOTInductor package '" + path + "' as '" + name +
-                                      "': " + c10::GetExceptionString(e));
+    } catch (const std::exception&) {
+      cannotLoad(path, name);
     }
     auto metadata = loader_->get_metadata();
     std::string text = signature;

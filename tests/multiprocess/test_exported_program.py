@@ -61,18 +61,22 @@ def job(tmp_path_factory, monkeypatch_module):
         yield c
 
 
-def without_signature(path, out):
-    """A copy of the package at `path` without torchrpc's signature: as one
-    compiled by torch alone."""
+def with_metadata(path, out, change):
+    """A copy of the package at `path` whose metadata `change` edited."""
     with zipfile.ZipFile(path) as src, zipfile.ZipFile(out, "w") as dst:
         for item in src.infolist():
             data = src.read(item.filename)
             if item.filename.endswith("_metadata.json"):
                 meta = json.loads(data)
-                meta.pop(exported.SIGNATURE_KEY, None)
+                change(meta)
                 data = json.dumps(meta).encode()
             dst.writestr(item, data)
     return out
+
+
+def without_signature(path, out):
+    """As if compiled by torch alone."""
+    return with_metadata(path, out, lambda meta: meta.pop(exported.SIGNATURE_KEY, None))
 
 
 @pytest.fixture(scope="module")
@@ -245,4 +249,22 @@ def test_register_refuses_what_it_cannot_serve(tmp_path):
         rpc.register("ep.bad", 42)
     with pytest.raises(FileNotFoundError, match="no AOTInductor package"):
         rpc.register("ep.missing", str(tmp_path / "missing.pt2"))
-    assert "ep.missing" not in rpc.api._debug_info()["script_functions"]
+    (tmp_path / "text.pt2").write_text("not a zip")
+    with pytest.raises(ValueError, match="is not an AOTInductor package"):
+        rpc.register("ep.text", str(tmp_path / "text.pt2"))
+    assert not {"ep.missing", "ep.text"} & set(rpc.api._debug_info()["script_functions"])
+
+
+# ISA names in a package's AOTI_CPU_ISA -> the CPU features it needs (as exported_program.cpp)
+ISA_FEATURES = {"AVX2": ["avx2", "fma3"], "AVX512": ["avx512_f", "avx512_dq", "avx512_vl", "avx512_bw"],
+                "AVX512_VNNI": ["avx512_vnni"], "AMX_TILE": ["amx_tile"]}
+
+
+def test_package_for_a_cpu_isa_this_cpu_lacks_is_refused_before_it_loads(tmp_path):
+    have = torch._C._cpu._get_cpu_capability()
+    lacking = [isa for isa, features in ISA_FEATURES.items() if not all(have.get(f, True) for f in features)]
+    if not lacking:
+        pytest.skip("this CPU has every vector ISA AOTInductor compiles for")
+    path = with_metadata(exported.package(EP), tmp_path / "isa.pt2", lambda meta: meta.update(AOTI_CPU_ISA=lacking[0]))
+    with pytest.raises(ValueError, match=f"compiled for CPU ISA '{lacking[0]}', but this CPU lacks"):
+        rpc.register("ep.isa", str(path))
