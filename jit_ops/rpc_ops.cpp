@@ -71,7 +71,7 @@ void rpcSync(const c10::OperatorHandle&, torch::jit::Stack* stack) {
 }  // namespace
 
 message::Message namedCallMessage(const std::string& name, const c10::IValue& args, const c10::IValue& kwargs,
-                         const std::string& callKind) {
+                         const std::string& callKind, c10::IValue shipped) {
   std::vector<c10::IValue> stack;
   if (args.isTuple()) {
     const auto& el = args.toTupleRef().elements();
@@ -95,7 +95,7 @@ message::Message namedCallMessage(const std::string& name, const c10::IValue& ar
     C10_THROW_ERROR(TypeError, callKind + " of '" + name + "': kwargs must be a dict, got " +
                                    kwargs.type()->repr_str());
   }
-  return script_dispatch::scriptCallMessage(name, "", std::move(stack), std::move(kw));
+  return script_dispatch::scriptCallMessage(name, "", std::move(stack), std::move(kw), std::move(shipped));
 }
 
 agent::Agent::FuturePtr namedScriptCall(agent::Agent& agent, const std::string& to, const std::string& name,

@@ -56,9 +56,11 @@ struct NamedCall {
 NamedCall popNamedCall(const agent::Agent& agent, torch::jit::Stack& stack);
 
 // A SCRIPT_CALL of `name` with positional args (a tuple, list or None) and
-// kwargs (a str-keyed dict or None), as the callee will match them.
+// kwargs (a str-keyed dict or None), as the callee will match them;
+// `shipped`: None, or what the callee runs instead of looking the name up
+// (script_dispatch/shipped_code.h).
 message::Message namedCallMessage(const std::string& name, const c10::IValue& args, const c10::IValue& kwargs,
-                         const std::string& callKind);
+                         const std::string& callKind, c10::IValue shipped = c10::IValue());
 
 // Sends a SCRIPT_CALL of `name` to the worker named `to`.
 agent::Agent::FuturePtr namedScriptCall(agent::Agent& agent, const std::string& to, const std::string& name,

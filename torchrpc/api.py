@@ -24,11 +24,12 @@ under the callee's GIL.
 """
 
 import contextlib
+import os
 import threading
 
 import torch
 
-from torchrpc import constants, dispatch, jit_ops, state
+from torchrpc import constants, dispatch, exported, jit_ops, state
 from torchrpc.lifecycle import init_rpc, shutdown
 from torchrpc.all_gather import _all_gather, _barrier, _wait_all_workers  # noqa: F401  upstream's private helpers
 from torchrpc.rref import RRef
@@ -122,10 +123,13 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIMEO
         to (str or int or WorkerInfo): the callee: name, rank or WorkerInfo.
         func (callable or str): a ``@torch.jit.script`` function (runs without
             the GIL), a builtin operator such as ``torch.add`` (runs without the
-            GIL), any picklable Python callable (runs under the callee's GIL),
-            or the name of a TorchScript function the callee knows (given to
-            :func:`register` there, or its qualified name). Calls by name work
-            the same inside ``@torch.jit.script`` code.
+            GIL), a ``torch.export.ExportedProgram`` (compiled here once with
+            AOTInductor, its package shipped to the callee once; runs without
+            the GIL), any picklable Python callable (runs under the callee's
+            GIL), or the name of a TorchScript function or exported program
+            the callee knows (given to :func:`register` there, or a
+            function's qualified name). Calls by name work the same inside
+            ``@torch.jit.script`` code.
         args (tuple): positional arguments (default none).
         kwargs (dict): keyword arguments (default none).
         timeout (float): seconds before RpcTimeoutError; ``0`` means no timeout,
@@ -242,7 +246,8 @@ jit_ops.bind(remote, jit_ops.remote)
 
 
 def register(name, fn):
-    """Registers a TorchScript function, or a scripted module, under a name.
+    """Registers a TorchScript function, a scripted module, or an exported
+    program under a name.
 
     Callers may then call it by that name (``rpc_sync(to, "name", ...)``,
     also from inside TorchScript). Callers that registered the same function
@@ -251,9 +256,17 @@ def register(name, fn):
     ``forward``, without the GIL. Call it on every worker that serves (or
     sends) the name, before or after init_rpc.
 
+    An exported program (``torch.export.export(...)``) is compiled with
+    AOTInductor once and cached on disk by content hash (see
+    ``docs/exported-programs.md``); a path is taken as an AOTInductor package
+    (``.pt2``) as it is. Either runs in the callee's C++ pool without the GIL;
+    inputs that do not match the exported signature (count, dtype, rank,
+    static sizes, dynamic-shape bounds) raise TypeError naming the argument.
+
     Args:
         name (str): the name callers use.
-        fn (torch.jit.ScriptFunction or torch.jit.ScriptModule): what runs.
+        fn (torch.jit.ScriptFunction, torch.jit.ScriptModule,
+            torch.export.ExportedProgram, str or os.PathLike): what runs.
 
     Example::
 
@@ -262,15 +275,23 @@ def register(name, fn):
         ...     return x * 2
         >>> torchrpc.register("double", double)
         >>> torchrpc.register("model", torch.jit.script(MyModel()))
+        >>> torchrpc.register("exported", torch.export.export(MyModel(), (torch.ones(2, 4),)))
     """
-    if not isinstance(fn, (torch.jit.ScriptFunction, torch.jit.ScriptModule)):
-        raise TypeError(
-            "torchrpc.register(name, fn) expects a @torch.jit.script function or a scripted "
-            f"module (torch.jit.script(module)); got {type(fn).__name__}"
-        )
     if not isinstance(name, str) or not name:
         raise TypeError("torchrpc.register(name, fn) expects a non-empty str name")
-    state.register_script(name, fn)
+    if isinstance(fn, (torch.jit.ScriptFunction, torch.jit.ScriptModule)):
+        state.register_script(name, fn)
+    elif isinstance(fn, (str, os.PathLike)):
+        path = os.path.abspath(os.fspath(fn))
+        state.register_exported(name, path, exported.package_signature(path))
+    elif exported.is_exported_program(fn):
+        state.register_exported(name, exported.package(fn), "")
+    else:
+        raise TypeError(
+            "torchrpc.register(name, fn) expects a @torch.jit.script function, a scripted module "
+            "(torch.jit.script(module)), a torch.export.ExportedProgram or the path of an AOTInductor "
+            f"package; got {type(fn).__name__}"
+        )
 
 
 def _debug_info():

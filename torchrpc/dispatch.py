@@ -1,8 +1,9 @@
 """The caller's one dispatch: classify a callee once, then send the call or
 make it a ``remote()``.
 
-A callee is a TorchScript function by the name the callee knows (a str), a
-``torch.jit.ScriptFunction``, a builtin operator, or any other callable
+A callee is a TorchScript function or exported program by the name the
+callee knows (a str), a ``torch.jit.ScriptFunction``, a
+``torch.export.ExportedProgram``, a builtin operator, or any other callable
 (pickled with cloudpickle, :mod:`torchrpc.python_fallback`). Each kind is one
 class below that builds the call's message; :func:`_start` then sends it
 (rpc_sync, rpc_async: an :class:`~torchrpc.invocation.Invocation`) or makes
@@ -15,7 +16,7 @@ import functools
 
 import torch
 
-from torchrpc import callables, constants, errors, functions, python_fallback, shipped_code, state
+from torchrpc import callables, constants, errors, exported, functions, python_fallback, shipped_code, state
 from torchrpc._extension import native
 from torchrpc.invocation import Invocation
 
@@ -87,6 +88,8 @@ def classify(call_kind, func):
         return _Named(func)
     if isinstance(func, torch.jit.ScriptFunction):
         return _Script(func)
+    if exported.is_exported_program(func):
+        return _Exported(func)
     builtin = _builtin_name(func) if callable(func) else None
     if builtin is not None:
         return _Builtin(builtin)
@@ -164,6 +167,26 @@ class _Script(_Callee):
         except TypeError as err:  # the schema refused the arguments
             raise errors.ScriptArgumentError(str(err)) from None
         return message, self.name, ()
+
+
+class _Exported(_Callee):
+    """A ``torch.export.ExportedProgram``: compiled here once (cached on disk,
+    torchrpc.exported), its package shipped to each callee once and called by
+    hash. The first call to a callee sends the hash alone and is resent with
+    the package if the callee lacks it; remote() has no resend, so it sends
+    the package until that callee was sent it."""
+
+    __slots__ = ()
+    resends = True
+
+    def build(self, call_kind, dst, args, kwargs, remote, again):
+        ep = self.target
+        if again or (remote and not shipped_code.shipped(ep, dst.id)):
+            shipped = shipped_code.with_code(ep, dst.id)
+        else:
+            shipped = shipped_code.by_hash(ep)
+        name = f"exported:{shipped[1][:12]}"
+        return native().named_message(name, args, kwargs, call_kind, shipped), name, ()
 
 
 class _Builtin(_Callee):

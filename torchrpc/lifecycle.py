@@ -68,6 +68,8 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
             rref_ctx.install_python(python_fallback.encode_value, python_fallback.handle_method)
             for fn, explicit in state.script_names():
                 agent.register_script(explicit, fn)
+            for exported_name, path, signature in state.exported_programs():
+                agent.register_exported(exported_name, path, signature)
             state.install(state.Session(agent, rref_ctx, rank, options, dynamic=world_size is None))
 
         try:

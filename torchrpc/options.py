@@ -89,8 +89,9 @@ class RpcOptions(RpcBackendOptions):
             name, importing its module (default True). If False, only
             functions given to ``torchrpc.register`` (and shipped code) run.
         allow_shipped_code (bool): whether TorchScript code a caller sends
-            (for a function this worker lacks) is compiled and run here
-            (default True).
+            (for a function this worker lacks), and the AOTInductor package
+            of an exported program a caller calls directly, is compiled or
+            loaded and run here (default True).
         device_maps, devices: ``TensorPipeRpcBackendOptions``' CUDA device
             maps. torchrpc sends CPU tensors only: ``None`` or empty, else
             ValueError.

@@ -1,9 +1,11 @@
 """Caller side of shipped code (csrc/script_dispatch/shipped_code.h): a
-TorchScript function the callee cannot find by name is sent as its
-TorchScript bytes, once per callee, and called by content hash from then on.
+TorchScript function the callee cannot find by name, or an exported program,
+is sent as its bytes, once per callee, and called by content hash from then on.
 
-The bytes are ``ScriptFunction.save_to_buffer()``: the function and all it
-calls, compiled on the callee in C++ with no Python source needed there.
+A TorchScript function's bytes are ``ScriptFunction.save_to_buffer()``: the
+function and all it calls, compiled on the callee in C++ with no Python source
+needed there. An exported program's are its AOTInductor package
+(torchrpc/exported.py), which the callee loads in C++.
 """
 
 import hashlib
@@ -12,19 +14,26 @@ import weakref
 
 import torch
 
+from torchrpc import exported
+
 FORMAT = "torchscript-zip/1"  # must match kShippedFormat in shipped_code.h
+PACKAGE_FORMAT = "aoti-package/1"  # must match kShippedPackageFormat
 
 _lock = threading.Lock()
-_code = weakref.WeakKeyDictionary()  # ScriptFunction -> (sha1, uint8 tensor)
-_shipped_to = weakref.WeakKeyDictionary()  # ScriptFunction -> ranks that needed its code
+_code = weakref.WeakKeyDictionary()  # ScriptFunction or ExportedProgram -> (format, sha1, uint8 tensor)
+_shipped_to = weakref.WeakKeyDictionary()  # the same -> ranks that needed its code
 
 
 def _code_of(fn):
     with _lock:
         entry = _code.get(fn)
     if entry is None:
-        data = fn.save_to_buffer()
-        entry = (hashlib.sha1(data).hexdigest(), torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        if exported.is_exported_program(fn):
+            with open(exported.package(fn), "rb") as f:
+                data, fmt = f.read(), PACKAGE_FORMAT
+        else:
+            data, fmt = fn.save_to_buffer(), FORMAT
+        entry = (fmt, hashlib.sha1(data).hexdigest(), torch.frombuffer(bytearray(data), dtype=torch.uint8))
         with _lock:
             _code[fn] = entry
     return entry
@@ -38,15 +47,29 @@ def reference(fn, rank):
     with _lock:
         if rank not in _shipped_to.get(fn, ()):
             return None
-        return (FORMAT, _code[fn][0], None)
+        fmt, digest, _ = _code[fn]
+        return (fmt, digest, None)
+
+
+def by_hash(fn):
+    """(format, sha1, None): a call by hash alone, for code that has no name
+    the callee could know (an exported program)."""
+    fmt, digest, _ = _code_of(fn)
+    return (fmt, digest, None)
+
+
+def shipped(fn, rank):
+    """Whether `rank` was sent fn's code already."""
+    with _lock:
+        return rank in _shipped_to.get(fn, ())
 
 
 def with_code(fn, rank):
     """The shipped tuple with the code, for a callee that lacks it."""
-    digest, code = _code_of(fn)
+    entry = _code_of(fn)
     with _lock:
         _shipped_to.setdefault(fn, set()).add(rank)
-    return (FORMAT, digest, code)
+    return entry
 
 
 def forget():

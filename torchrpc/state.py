@@ -159,6 +159,7 @@ _session = None
 # Held by init_rpc and shutdown while they install, close or clear the session.
 lock = threading.Lock()
 _script_names = {}  # ScriptFunction or ScriptModule -> name given to torchrpc.register
+_exported = {}  # name given to torchrpc.register -> (package path, signature override)
 
 
 def current():
@@ -224,6 +225,20 @@ def register_script(name, fn):
     session = _session
     if session is not None:
         session.agent.register_script(name, fn)
+
+
+def register_exported(name, path, signature):
+    """Records an exported program's package under `name`, and tells the
+    running agent (which loads it now, so a bad package fails here)."""
+    session = _session
+    if session is not None:
+        session.agent.register_exported(name, path, signature)
+    _exported[name] = (path, signature)
+
+
+def exported_programs():
+    """(name, path, signature) of every registered package, for a new session's agent."""
+    return [(name, path, sig) for name, (path, sig) in _exported.items()]
 
 
 def script_name(fn):

@@ -68,6 +68,7 @@ Agent::Agent(AgentOptions options)
       started_(std::chrono::steady_clock::now()),
       pending_(options_.name) {
   TORCH_CHECK(options_.numWorkerThreads > 0, "num_worker_threads must be positive");
+  registry_.setConcurrency(options_.numWorkerThreads);
   loop_ = std::make_unique<transport::Loop>(options_.name);
   // Idle pool threads that wait for the next request read it themselves.
   pool_ = std::make_unique<ThreadPool>(options_.numWorkerThreads, options_.name,

@@ -19,6 +19,7 @@
 #include "message/receive_buffers.h"
 #include "optim/optimizer.h"
 #include "profiling/profiler.h"
+#include "script_dispatch/exported_program.h"
 #include "python_fallback/call_messages.h"
 #include "python_fallback/run_python.h"
 #include "transport/loop.h"
@@ -164,10 +165,13 @@ PYBIND11_MODULE(_C, m) {
                              bool asyncExecution) {
     return OutgoingMessage{pf::scriptCallMessage(name, moduleHint, fn, args, kwargs, shipped, asyncExecution)};
   });
-  m.def("named_message", [](const std::string& name, const py::tuple& args, const py::dict& kwargs,
-                            const std::string& kind) {
-    return OutgoingMessage{pf::namedCallMessage(name, args, kwargs, kind)};
-  });
+  m.def(
+      "named_message",
+      [](const std::string& name, const py::tuple& args, const py::dict& kwargs, const std::string& kind,
+         const py::object& shipped) {
+        return OutgoingMessage{pf::namedCallMessage(name, args, kwargs, kind, shipped)};
+      },
+      py::arg("name"), py::arg("args"), py::arg("kwargs"), py::arg("kind"), py::arg("shipped") = py::none());
   // (message, the overload's schema name)
   m.def("builtin_message", [](const std::string& opName, const py::tuple& args, const py::dict& kwargs) {
     std::string schemaName;
@@ -226,6 +230,13 @@ PYBIND11_MODULE(_C, m) {
       .def("set_script_resolver", [](Agent& a, py::object fn) { pf::installScriptResolver(a, std::move(fn)); })
       .def("register_script",
            [](Agent& a, const std::string& name, py::handle fn) { a.registry().add(name, pf::calleeFromPython(fn)); })
+      // An AOTInductor package (exported_program.h), with one model instance per pool thread.
+      .def("register_exported",
+           [](Agent& a, const std::string& name, const std::string& path, const std::string& signature) {
+             a.registry().add(name, torchrpc::script_dispatch::exportedProgramCallee(
+                                        path, name, a.registry().concurrency(), signature));
+           },
+           py::call_guard<py::gil_scoped_release>())
       .def("send",
            [](Agent& a, int dst, OutgoingMessage& msg, double timeout, const std::string& kind,
               const std::string& function) { return send(a, dst, msg.take(), timeout, kind, function); })

@@ -83,10 +83,11 @@ message::Message scriptCallMessage(const std::string& name, const std::string& m
 }
 
 message::Message namedCallMessage(const std::string& name, const py::tuple& args, const py::dict& kwargs,
-                         const std::string& callKind) {
+                         const std::string& callKind, const py::object& shipped) {
   std::vector<c10::IValue> stack;
   for (auto arg : args) stack.push_back(torch::jit::toIValue(arg, c10::AnyType::get()));
-  return jit_ops::namedCallMessage(name, c10::ivalue::Tuple::create(std::move(stack)), anyDict(kwargs), callKind);
+  return jit_ops::namedCallMessage(name, c10::ivalue::Tuple::create(std::move(stack)), anyDict(kwargs), callKind,
+                                   shipped.is_none() ? c10::IValue() : torch::jit::toIValue(shipped, c10::AnyType::get()));
 }
 
 // Trying an overload that refuses the arguments costs an exception, so the

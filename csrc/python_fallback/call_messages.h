@@ -27,10 +27,11 @@ message::Message scriptCallMessage(const std::string& name, const std::string& m
                           const pybind11::tuple& args, const pybind11::dict& kwargs,
                           const pybind11::object& shipped, bool asyncExecution);
 
-// A SCRIPT_CALL of a function the callee knows by `name`; the callee matches
-// the arguments.
+// A SCRIPT_CALL of a function the callee knows by `name`, or of the shipped
+// code `shipped` (None, or (format, sha1, uint8 tensor or None)); the callee
+// matches the arguments.
 message::Message namedCallMessage(const std::string& name, const pybind11::tuple& args, const pybind11::dict& kwargs,
-                         const std::string& callKind);
+                         const std::string& callKind, const pybind11::object& shipped);
 
 // A BUILTIN_CALL of the first overload of `opName` ("aten::add") that accepts
 // the arguments; *schemaName gets that overload's name ("aten::add.Tensor").

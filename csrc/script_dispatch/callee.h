@@ -1,9 +1,8 @@
 #pragma once
 
-// Callee: something the agent can run on a pool thread without the GIL.
-// Today the only kind is a TorchScript function; an exported program
-// (torch.export / AOTInductor) would be a second implementation of the same
-// interface, registered the same way.
+// Callee: something the agent can run on a pool thread without the GIL: a
+// TorchScript function or module method (below), or an exported program
+// (exported_program.h), registered and called the same way.
 
 #include <ATen/core/function.h>
 #include <ATen/core/function_schema.h>
@@ -26,6 +25,10 @@ class Callee {
  public:
   virtual ~Callee() = default;
   virtual const c10::FunctionSchema& schema() const = 0;
+  // After the arguments matched schema(), before anything runs: a callee with
+  // more to check than types (an exported program: dtype, rank, sizes)
+  // throws c10::Error naming the argument; the caller gets a TypeError.
+  virtual void checkInputs(const torch::jit::Stack& /*stack*/) const {}
   // Runs asynchronously: a callee that waits on a nested call suspends and is
   // resumed through `launcher` instead of blocking a pool thread.
   virtual c10::intrusive_ptr<c10::ivalue::Future> runAsync(torch::jit::Stack& stack,

@@ -42,8 +42,8 @@ std::optional<message::RemoteException> CalleePolicy::refuseShippedCode(const st
   const std::string why = !shippedCode ? "RpcOptions(allow_shipped_code=False) compiles no code a caller sends"
                                        : "with RpcOptions(allowed_callables=...) set it compiles no code a caller "
                                          "sends (shipped code runs whatever the caller chose, under any name)";
-  return refusal("the shipped TorchScript code of '" + function + "' refused by " + worker + ": " + why +
-                     "; register the function there (torchrpc.register) instead",
+  return refusal("the shipped code (TorchScript or AOTInductor package) of '" + function + "' refused by " + worker +
+                     ": " + why + "; register it there (torchrpc.register) instead",
                  function, worker);
 }
 

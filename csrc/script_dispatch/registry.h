@@ -8,6 +8,7 @@
 // under the GIL) once; the result is cached, so the hot path never touches
 // Python. Builtin operators are cached here too, by schema name.
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -35,6 +36,10 @@ class Registry {
                                bool resolve = true);
   void setResolver(Resolver resolver);
   std::vector<std::string> names() const;
+  // How many calls may run at once (the pool's threads): the model instances
+  // an exported program keeps.
+  void setConcurrency(size_t n) { concurrency_ = n; }
+  size_t concurrency() const { return concurrency_; }
 
   // Operator by schema name, e.g. "aten::add.Tensor"; nullptr if unknown.
   std::shared_ptr<torch::jit::Operator> findOperator(const std::string& fullName);
@@ -45,6 +50,7 @@ class Registry {
   std::unordered_map<std::string, std::shared_ptr<torch::jit::Operator>> operators_;
   Resolver resolver_;
   std::mutex resolveMutex_;  // one resolution at a time (it takes the GIL anyway)
+  std::atomic<size_t> concurrency_{1};
 };
 
 }  // namespace torchrpc::script_dispatch

@@ -27,13 +27,15 @@ c10::IValue resultOf(torch::jit::Stack& stack, size_t numReturns) {
 
 // Matches positional and keyword arguments to the schema, filling defaults;
 // a mismatch is the caller's mistake: a TypeError naming function and argument.
+// `callee`, if given, then checks what the schema cannot say (Callee::checkInputs).
 void normalizeInputs(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
                      const c10::impl::GenericDict& kwargs, const std::string& function,
-                     const std::string& worker) {
+                     const std::string& worker, const Callee* callee = nullptr) {
   std::unordered_map<std::string, c10::IValue> named;
   for (const auto& item : kwargs) named.emplace(item.key().toStringRef(), item.value());
   try {
     schema.checkAndNormalizeInputs(stack, named);
+    if (callee != nullptr) callee->checkInputs(stack);
   } catch (const c10::Error& e) {
     C10_THROW_ERROR(TypeError, "calling '" + function + "' (schema " + c10::toString(schema) +
                                    ") on " + worker + ": " + e.what_without_backtrace());
@@ -144,7 +146,7 @@ void run(message::Message&& request, Registry& registry, const CalleePolicy& pol
       return;
     }
     torch::jit::Stack stack = stackOf(el[2]);
-    normalizeInputs(callee->schema(), stack, el.at(3).toGenericDict(), function, worker);
+    normalizeInputs(callee->schema(), stack, el.at(3).toGenericDict(), function, worker, callee.get());
     auto done = callee->runAsync(stack, launcher);
     if (el.size() > 5 && el[5].toBool()) done = requireFuture(std::move(done), function, worker);
     replyWhenDone(std::move(done), function, worker, reply);

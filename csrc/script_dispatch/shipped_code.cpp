@@ -6,6 +6,8 @@
 
 #include <sstream>
 
+#include "script_dispatch/exported_program.h"
+
 namespace torchrpc::script_dispatch {
 
 
@@ -14,24 +16,34 @@ std::shared_ptr<Callee> shippedCallee(Registry& registry, const c10::IValue& shi
   const auto& el = shipped.toTupleRef().elements();
   const std::string& format = el.at(0).toStringRef();
   const std::string& hash = el.at(1).toStringRef();
-  if (format != kShippedFormat) {
+  if (format != kShippedFormat && format != kShippedPackageFormat) {
     C10_THROW_ERROR(ValueError, "the code of '" + function + "' was shipped as '" + format + "', but " + worker +
-                                    " reads only '" + kShippedFormat +
+                                    " reads only '" + kShippedFormat + "' and '" + kShippedPackageFormat +
                                     "': run the same torchrpc version on every worker");
   }
   const std::string key = "sha1:" + hash;
   if (auto found = registry.find(key, /*moduleHint=*/"", /*resolve=*/false)) return found;
   if (el.at(2).isNone()) return nullptr;
   const at::Tensor code = el.at(2).toTensor().contiguous();
+  if (format == kShippedPackageFormat && code.nbytes() > kMaxShippedPackageBytes) {
+    C10_THROW_ERROR(ValueError, "the package of '" + function + "' shipped to " + worker + " has " +
+                                    std::to_string(code.nbytes()) + " bytes, over the cap of " +
+                                    std::to_string(kMaxShippedPackageBytes));
+  }
   std::string bytes(static_cast<const char*>(code.data_ptr()), code.nbytes());
   std::string actual = c10::sha1(bytes).str();
   if (actual != hash) {
     C10_THROW_ERROR(ValueError, "the code of '" + function + "' arrived at " + worker + " with hash " + hash +
                                     " but its bytes hash to " + actual + "; refusing to run it");
   }
-  std::istringstream in(bytes);
-  // save_to_buffer wrapped the function as the `forward` of a module
-  auto callee = moduleMethodCallee(torch::jit::load(in), "forward");
+  std::shared_ptr<Callee> callee;
+  if (format == kShippedPackageFormat) {
+    callee = shippedExportedProgram(bytes, function, registry.concurrency());
+  } else {
+    std::istringstream in(bytes);
+    // save_to_buffer wrapped the function as the `forward` of a module
+    callee = moduleMethodCallee(torch::jit::load(in), "forward");
+  }
   registry.add(key, callee);
   return callee;
 }

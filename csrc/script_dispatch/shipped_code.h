@@ -3,9 +3,10 @@
 // Shipped code: TorchScript functions a callee has never seen, sent by the
 // caller as the bytes of `ScriptFunction.save_to_buffer()` (a TorchScript zip
 // holding the function and everything it calls) and compiled here, in C++,
-// without Python. Cached in the registry by content hash ("sha1:<hex>"), so
-// the code travels once per worker and a call by hash can never reach a
-// different function.
+// without Python; or exported programs, sent as their AOTInductor package
+// (exported_program.h). Cached in the registry by content hash
+// ("sha1:<hex>"), so the code travels once per worker and a call by hash can
+// never reach a different function.
 //
 //   shipped = (format: str, sha1: str, code: uint8 Tensor or None)
 //
@@ -21,8 +22,9 @@
 
 namespace torchrpc::script_dispatch {
 
-// The only format this build reads; a caller with another gets a clear error.
+// The formats this build reads; a caller with another gets a clear error.
 inline constexpr const char* kShippedFormat = "torchscript-zip/1";
+inline constexpr const char* kShippedPackageFormat = "aoti-package/1";
 
 // The callee for a shipped function: from the registry by hash, else compiled
 // from `code` (checked against the hash), else nullptr (the caller must send

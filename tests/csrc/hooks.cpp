@@ -14,6 +14,7 @@
 #include "message/pickle_check.h"
 #include "message/wire.h"
 #include "rref/rref_context.h"
+#include "script_dispatch/exported_signature.h"
 #include "transport/same_host.h"
 
 namespace py = pybind11;
@@ -234,5 +235,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     const auto& p = wp::WaitPolicy::process();
     const auto s = p.sample();
     return py::make_tuple(s.runnable, s.otherPollers, p.cores(), p.measures());
+  });
+
+  // An exported program's signature (tests/unit/test_exported_signature.py):
+  // the schema it gives, and its checks of some inputs (Tensor or not).
+  m.def("exported_schema", [](const std::string& text, const std::string& name) {
+    return c10::toString(torchrpc::script_dispatch::ExportedSignature::parse(text).schema(name));
+  });
+  m.def("exported_check", [](const std::string& text, std::vector<at::Tensor> inputs) {
+    auto sig = torchrpc::script_dispatch::ExportedSignature::parse(text);
+    torch::jit::Stack stack(inputs.begin(), inputs.end());
+    sig.check(stack, c10::DeviceType::CPU);
   });
 }

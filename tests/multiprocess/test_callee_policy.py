@@ -103,7 +103,7 @@ def test_shipped_code_off_refuses_code_the_caller_sends(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     import policy_only_here
 
-    with pytest.raises(rpc.CalleePolicyError, match=r"shipped TorchScript code of '__torch__.policy_only_here."
+    with pytest.raises(rpc.CalleePolicyError, match=r"shipped code \(TorchScript or AOTInductor package\) of '__torch__.policy_only_here."
                                                     r"times_seven' refused by worker1: RpcOptions\(allow_shipped_code"):
         rpc.rpc_sync("worker1", policy_only_here.times_seven, args=(X,))
 
