@@ -16,6 +16,7 @@
 #include "autograd/engine.h"
 #include "bindings/glue.h"
 #include "common/error.h"
+#include "common/wait_policy.h"
 #include "message/receive_buffers.h"
 #include "optim/optimizer.h"
 #include "profiling/profiler.h"
@@ -273,6 +274,7 @@ PYBIND11_MODULE(_C, m) {
     d["receive_cache_bytes"] = torchrpc::message::receive_buffers::cachedBytes();
     d["same_host_copied_bytes"] = torchrpc::transport::same_host::copiedBytes();
     d["loop_events_served_by_others"] = torchrpc::transport::Loop::servedByOthers();
+    d["polls_withheld"] = torchrpc::common::WaitPolicy::process().withheld();
     d["backwards_ended_by_reports"] = byReports;
     d["backwards_ended_by_responses"] = byResponses;
     return d;

@@ -105,12 +105,18 @@ bool WaitPolicy::lostCore(Clock::duration waited, int64_t arrivals) {
 bool WaitPolicy::enter(Clock::time_point now) {
   if (measure_) {
     const Clock::rep t = now.time_since_epoch().count();
-    if (t < holdUntil_.load(std::memory_order_relaxed)) return false;
+    if (t < holdUntil_.load(std::memory_order_relaxed)) {
+      withheld_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
     Clock::rep next = nextCheck_.load(std::memory_order_relaxed);
     if (t >= next && nextCheck_.compare_exchange_strong(next, t + Clock::duration(kCheckInterval).count())) {
       free_.store(coreFree(sampler_(), pollers_.load(), cores_), std::memory_order_relaxed);
     }
-    if (!free_.load(std::memory_order_relaxed)) return false;
+    if (!free_.load(std::memory_order_relaxed)) {
+      withheld_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
   }
   pollers_.fetch_add(1, std::memory_order_relaxed);
   return true;

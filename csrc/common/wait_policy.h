@@ -85,6 +85,8 @@ class WaitPolicy {
   bool measures() const { return measure_; }
   bool publishes() const { return publish_; }
   int pollers() const { return pollers_.load(); }
+  // Polls refused so far, by either rule (diagnostics, tests).
+  uint64_t withheld() const { return withheld_.load(); }
   int cores() const { return cores_; }
   // One sample now (tests, diagnostics).
   WaitSample sample() const { return sampler_(); }
@@ -95,6 +97,7 @@ class WaitPolicy {
   const bool measure_;
   const bool publish_;
   std::atomic<int> pollers_{0};                  // this policy's polls in progress
+  std::atomic<uint64_t> withheld_{0};            // polls refused
   std::atomic<bool> free_{true};                 // rule 1's last verdict
   std::atomic<Clock::rep> nextCheck_{0};         // when rule 1 samples again
   std::atomic<Clock::rep> holdUntil_{0};         // rule 2: no polls before

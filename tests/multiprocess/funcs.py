@@ -152,6 +152,13 @@ def loop_events_served_by_others():
     return _C.debug_counters()["loop_events_served_by_others"]
 
 
+def polls_withheld():
+    """Polls this process's wait policy refused (common/wait_policy.h)."""
+    from torchrpc import _C
+
+    return _C.debug_counters()["polls_withheld"]
+
+
 def sleep(seconds):
     time.sleep(seconds)
     return seconds
