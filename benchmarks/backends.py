@@ -19,6 +19,16 @@ LABELS = {"torch": "torch.distributed.rpc", "torchrpc": "torchrpc",
 #: Jobs (run_all's result keys) a backend runs, where not every job: the
 #: TORCHRPC backend's rows are those issue #23 asks for.
 JOBS = {"backend": ("main", "training")}
+#: Jobs only torchrpc runs: torch.distributed.rpc has no equivalent (exported
+#: programs as callees).
+TORCHRPC_ONLY = ("exported",)
+
+
+def runs(name, job):
+    """Whether backend `name` runs job `job` (a run_all result key)."""
+    if job in TORCHRPC_ONLY:
+        return name == "torchrpc"
+    return job in JOBS.get(name, (job,))
 
 
 class Backend:

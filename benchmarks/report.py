@@ -134,6 +134,29 @@ def _rows():
                     lambda r: r["beside"]["beside"]["idle"]))
     rows.append(Row("beside.calls", "compute loop beside workers calling every 5 ms / alone", "x", True,
                     lambda r: r["beside"]["beside"]["calls"]))
+    return rows + _exported_rows()
+
+
+def _exported_rows():
+    """The ``exported`` job's rows: torchrpc only (torch.distributed.rpc
+    cannot call an exported program), so their torch column reads n/a."""
+    only = " (torchrpc only)"
+    rows = []
+    for key, label in (("exported", "exported program by name"), ("exported_direct", "exported program, direct"),
+                       ("script", "TorchScript fn, same run"), ("python", "Python fn, same run")):
+        rows.append(Row(f"exported.latency.{key}", f"rpc_sync tiny {label}{only}", "us", False,
+                        lambda r, k=key: r["exported"]["latency_us"][k]["median"]))
+    for kind in ("exported", "script"):
+        rows.append(Row(f"exported.cpu.{kind}.one", f"CPU-bound {kind} callee, 1 caller{only}", "calls/s", True,
+                        lambda r, k=kind: r["exported"]["cpu_bound"][k]["one"]))
+        rows.append(Row(f"exported.cpu.{kind}.scaling", f"CPU-bound {kind}: 2 callers / 1{only}", "x", True,
+                        lambda r, k=kind: r["exported"]["cpu_bound"][k]["scaling"]))
+    rows.append(Row("exported.compile", f"exported tiny program: AOTInductor compile{only}", "s", False,
+                    lambda r: r["exported"]["compile"]["compile_s"]["tiny"]))
+    rows.append(Row("exported.cache_hit", f"exported: cache hit in a fresh process{only}", "ms", False,
+                    lambda r: r["exported"]["first_call"]["cache_hit_ms"]))
+    rows.append(Row("exported.first_call", f"exported: first call (ships + loads package){only}", "ms", False,
+                    lambda r: r["exported"]["first_call"]["first_call_ms"]))
     return rows
 
 
@@ -167,6 +190,7 @@ TARGETS = [
     _vs_torch("throughput.builtin.128", 3),
     _vs_torch("throughput.python.128", 2),
     Target("cpu_bound.script.scaling", ">= 1.7x", lambda t, o, ratio, floor: o >= 1.7),
+    Target("exported.cpu.exported.scaling", ">= 1.7x", lambda t, o, ratio, floor: o >= 1.7),
     _vs_torch("send.67108864", 2),
     Target("idle.callee", "< 1% of a core", lambda t, o, ratio, floor: o < 1),
     Target("idle.caller", "< 1% of a core", lambda t, o, ratio, floor: o < 1),

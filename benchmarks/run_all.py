@@ -23,7 +23,11 @@ program on torchrpc's TORCHRPC backend (``backend``: issue #23):
 - ``beside`` (callee + caller + a compute loop that is not in the RPC job):
   the loop's speed beside idle workers and workers that call now and then,
   against its speed without them;
-- ``init`` with 2 and 4 workers: init_rpc and shutdown times.
+- ``init`` with 2 and 4 workers: init_rpc and shutdown times;
+- ``exported`` (torchrpc only; callee + 2 callers): exported programs
+  (torch.export + AOTInductor): a tiny call next to script and Python, a
+  CPU-bound program's scaling, the first call's costs. Its programs are
+  compiled once per run, before the jobs (benchmarks.exported_fns).
 
 Then it prints the table, the two modes side by side (with the targets,
 PASS/MISS), and writes ``results.json``, ``results.md`` and ``ratios.png``
@@ -38,6 +42,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 
 if __package__ in (None, ""):  # run as a script: make the repository root importable
@@ -63,7 +68,7 @@ CONFIGS = {
         "compute_calls": 200,
         "beside_rounds": 3, "beside_window_s": 1.0,
         "job_timeout_s": 150.0,
-        "jobs": ["main", "scaling", "training", "compute", "beside", "init2", "init4"],
+        "jobs": ["main", "scaling", "training", "compute", "beside", "init2", "init4", "exported"],
     },
     "quick": {
         "threads": 16, "rpc_timeout": 30.0,
@@ -79,14 +84,15 @@ CONFIGS = {
         "compute_calls": 20,
         "beside_rounds": 1, "beside_window_s": 0.3,
         "job_timeout_s": 60.0,
-        "jobs": ["main", "training", "compute", "beside", "init4"],
+        "jobs": ["main", "training", "compute", "beside", "init4", "exported"],
     },
 }
 
 #: (result key, job, world size): what can run, in order, for each backend
 #: (a config's "jobs" picks by result key).
 JOBS = [("main", "main", 2), ("scaling", "scaling", 3), ("training", "training", 2),
-        ("compute", "compute", 2), ("beside", "beside", 3), ("init2", "init", 2), ("init4", "init", 4)]
+        ("compute", "compute", 2), ("beside", "beside", 3), ("init2", "init", 2), ("init4", "init", 4),
+        ("exported", "exported", 3)]
 #: The rank whose result a job reports (default 1, the caller).
 RESULT_RANK = {"beside": 2}
 
@@ -119,11 +125,41 @@ def run_backends(names, modes, cfg, torch_transports, errors):
     control = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                             timeout=datetime.timedelta(seconds=cfg["job_timeout_s"]))
     results = {mode: {name: {} for name in names} for mode in modes}
+    with tempfile.TemporaryDirectory(prefix="torchrpc-bench-exported-") as folder:
+        _run_jobs(names, modes, cfg, torch_transports, errors, control, results, folder)
+    return results
+
+
+def _prepare_exported(folder, errors):
+    """Exports and compiles the ``exported`` job's programs into `folder`, in
+    a fresh process with an empty cache; returns what exported_fns printed,
+    or None (and an error) on failure."""
+    print("  exported programs: export + AOTInductor compile ...", end="", flush=True)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.exported_fns", "--dir", folder],
+                              cwd=launch.ROOT, capture_output=True, text=True, timeout=300, check=True)
+        prepared = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError) as err:
+        errors["exported/compile"] = f"{err}\n{getattr(err, 'stderr', '') or ''}"[-3000:]
+        print(" FAILED")
+        return None
+    prepared["dir"] = folder
+    print(" " + ", ".join(f"{k} {s:.1f} s" for k, s in prepared["compile_s"].items()))
+    return prepared
+
+
+def _run_jobs(names, modes, cfg, torch_transports, errors, control, results, folder):
     for key, job, world in JOBS:
         if key not in cfg["jobs"]:
             continue
+        if key == "exported":
+            if not any(backends.runs(n, key) for n in names):
+                continue
+            cfg = dict(cfg, exported=_prepare_exported(folder, errors))
+            if cfg["exported"] is None:
+                continue
         for mode in modes:
-            for name in [n for n in names if key in backends.JOBS.get(n, (key,))]:
+            for name in [n for n in names if backends.runs(n, key)]:
                 reps = cfg["init_reps"] if job == "init" else 1
                 start = time.monotonic()
                 print(f"  {launch.MODE_LABELS[mode]:<17} {backends.LABELS[name]:<22} {key:<8} "
@@ -140,7 +176,8 @@ def run_backends(names, modes, cfg, torch_transports, errors):
                 print(f" {time.monotonic() - start:.1f} s")
                 results[mode][name][key] = (report.aggregate_init(ranks) if job == "init"
                                             else ranks[RESULT_RANK.get(job, 1)])
-    return results
+                if key == "exported":  # compiled once per run, shown in every mode
+                    results[mode][name][key]["compile"] = cfg["exported"]
 
 
 def metadata(cfg_name, torch_transports):

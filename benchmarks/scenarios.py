@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from benchmarks import _measure, remote_fns
+from benchmarks import _measure, exported_fns, remote_fns
 
 #: rpc_sync latency: name -> (function, args). Tiny calls, so the RPC dominates.
 LATENCY_CALLS = {
@@ -161,6 +161,49 @@ def unseen_script_function(rpc, to, cfg):
     return {"first_ms": statistics.median(first) * 1e3, "later_us": statistics.median(later) * 1e6}
 
 
+def exported_latency(rpc, to, folder, cfg):
+    """torchrpc only: rpc_sync of the tiny exported program (exported_fns.Tiny,
+    ``x + 1``) by the name the callee registered it under, and called
+    directly (the ExportedProgram, by its package's hash), next to the same
+    call as a TorchScript function and as a Python function, in alternating
+    blocks (one phase of the machine for all four).
+
+    Returns:
+        {"exported", "exported_direct", "script", "python": summary µs}.
+    """
+    ep, args = exported_fns.load(folder, "tiny"), exported_fns.inputs("tiny")
+    calls = {
+        "exported": lambda: rpc.rpc_sync(to, exported_fns.NAMES["tiny"], args=args),
+        "exported_direct": lambda: rpc.rpc_sync(to, ep, args=args),
+        "script": lambda: rpc.rpc_sync(to, remote_fns.tiny_script, args=args),
+        "python": lambda: rpc.rpc_sync(to, remote_fns.tiny_python, args=args),
+    }
+    samples = _measure.time_interleaved(calls, cfg["latency_samples"], cfg["latency_warmup"])
+    return {key: _measure.summarize([s * 1e6 for s in v]) for key, v in samples.items()}
+
+
+def exported_first_call(rpc, to, folder):
+    """torchrpc only: what a fresh caller process pays for an exported
+    program whose package is in the cache (exported_fns compiled it before
+    the job): finding it there (torch.export.save and a hash of the
+    program), then the first direct call, which ships the package to the
+    callee (which lacks it) and loads it there.
+
+    Returns:
+        {"cache_hit_ms", "first_call_ms", "package_kb"}.
+    """
+    from torchrpc import exported
+
+    ep, args = exported_fns.load(folder, "tiny"), exported_fns.inputs("tiny")
+    start = time.perf_counter()
+    path = exported.package(ep)
+    hit = time.perf_counter() - start
+    start = time.perf_counter()
+    rpc.rpc_sync(to, ep, args=args)
+    first = time.perf_counter() - start
+    return {"cache_hit_ms": hit * 1e3, "first_call_ms": first * 1e3, "package_kb": os.path.getsize(path) / 1024}
+
+
 def rrefs(rpc, to, cfg):
     """remote() + to_here() latency, to_here() of an existing RRef, a method
     call through rref.rpc_sync(), and creating and dropping many RRefs
@@ -299,9 +342,10 @@ def training(backend, ps, cfg):
     return out
 
 
-def cpu_bound(rpc, to, control, index, callers, cfg):
+def cpu_bound(rpc, to, control, index, callers, cfg, calls=None):
     """Scaling of a CPU-bound callee (a few ms per call) from 1 to `callers`
     concurrent callers, each a separate process calling rpc_sync back to back.
+    `calls`: {kind: (function or name, args)}, by default BUSY_BY_KIND's.
 
     Every caller process runs this; they meet at control barriers. Caller 0
     measures alone, then all callers together, cfg["cpu_rounds"] times. The
@@ -315,10 +359,11 @@ def cpu_bound(rpc, to, control, index, callers, cfg):
                 "ms_per_call": ms with one caller}}.
     """
     out = {}
-    iters = remote_fns.BUSY_ITERS
-    for kind, fn in BUSY_BY_KIND.items():
+    if calls is None:
+        calls = {kind: (fn, (remote_fns.BUSY_ITERS,)) for kind, fn in BUSY_BY_KIND.items()}
+    for kind, (fn, args) in calls.items():
         def call():
-            rpc.rpc_sync(to, fn, args=(iters,))
+            rpc.rpc_sync(to, fn, args=args)
             return 1
 
         for _ in range(3):

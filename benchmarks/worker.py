@@ -13,7 +13,7 @@ import os
 import sys
 import traceback
 
-from benchmarks import backends, compute, scenarios
+from benchmarks import backends, compute, exported_fns, remote_fns, scenarios
 from benchmarks.control import Control
 
 CALLEE = "callee"
@@ -104,6 +104,33 @@ def job_compute(backend, control, rank, spec):
     return result
 
 
+def job_exported(backend, control, rank, spec):
+    """torchrpc only: exported programs (benchmarks.exported_fns). The callee
+    (rank 0) registers the packages compiled before the job by name; caller
+    0 measures a fresh process's first call and the tiny call's latency
+    next to script and Python, then both callers the CPU-bound program's
+    scaling, beside busy_script's."""
+    prepared = spec["cfg"]["exported"]
+    folder = prepared["dir"]
+    os.environ["TORCHRPC_AOTI_CACHE"] = exported_fns.cache_dir(folder)
+    rpc = backend.rpc
+    if rank == 0:
+        for kind, name in exported_fns.NAMES.items():
+            rpc.register(name, prepared["packages"][kind])
+        return _serve(backend, control, rank, spec)
+    _init(backend, control, f"caller{rank - 1}", rank, spec)
+    result = {}
+    if rank == 1:
+        result["first_call"] = scenarios.exported_first_call(rpc, CALLEE, folder)
+        result["latency_us"] = scenarios.exported_latency(rpc, CALLEE, folder, spec["cfg"])
+    calls = {"script": (remote_fns.busy_script, (remote_fns.BUSY_ITERS,)),
+             "exported": (exported_fns.NAMES["busy"], exported_fns.inputs("busy"))}
+    result["cpu_bound"] = scenarios.cpu_bound(rpc, CALLEE, control, rank - 1, spec["world_size"] - 1,
+                                              spec["cfg"], calls)
+    rpc.shutdown()
+    return result
+
+
 #: The roles of the ``beside`` job, by rank.
 BESIDE_ROLES = ("callee", "caller", "loop")
 
@@ -123,7 +150,7 @@ def job_init(backend, control, rank, spec):
 
 
 JOBS = {"main": job_main, "scaling": job_scaling, "training": job_training, "compute": job_compute,
-        "beside": job_beside, "init": job_init}
+        "beside": job_beside, "init": job_init, "exported": job_exported}
 
 
 def main(argv=None):

@@ -1,6 +1,9 @@
 """A C++ program in a job with Python workers: it links libtorchrpc (no
 Python), loads a TorchScript model saved here, whose forward calls Python
-workers, and serves that model to them (tutorials/cpp_worker)."""
+workers, and serves that model to them (tutorials/cpp_worker). It also
+serves an exported program (an AOTInductor package compiled by torchrpc,
+the program of test_exported_program.py, from the session's cache), its
+signature read from the package's metadata in C++."""
 
 import time
 
@@ -9,19 +12,25 @@ import torch
 
 import torchrpc as rpc
 from tests.multiprocess import funcs, rref_funcs
+from tests.multiprocess import test_exported_program as programs
+from torchrpc import exported
 from tests.multiprocess.cluster import Cluster
 
 X = torch.arange(3.0)
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
+def job(tmp_path_factory, aoti_cache):
     from tutorials.cpp_worker import build
 
     binary = build.build()
     model = str(tmp_path_factory.mktemp("model") / "shards.pt")
     torch.jit.script(funcs.Shards(["worker0", "worker1"])).save(model)
-    cpp = {2: lambda port: [binary, "worker2", "2", "3", "127.0.0.1", str(port), model, "--try"]}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(exported.CACHE_ENV, aoti_cache)
+        package = exported.package(programs.export_model())
+    cpp = {2: lambda port: [binary, "worker2", "2", "3", "127.0.0.1", str(port), model, "--try",
+                            "--package", "ep.model", package]}
     with Cluster(3, programs=cpp) as c:
         yield c
 
@@ -61,3 +70,16 @@ def test_cpp_worker_owns_and_serves_rrefs(job):
     rref_funcs.rref_settle()
     assert rpc.rpc_sync("worker1", rref_funcs.rref_settle) == 0
     assert rpc.rref._live_rrefs()["users"] == []
+
+
+def test_python_calls_an_exported_program_on_the_cpp_worker(job):
+    assert "worker2: serving the exported program" in job.log(2)
+    x, y, scale = torch.randn(5, 4), torch.randn(3), torch.tensor(0.5)
+    ref = programs.export_model().module()(x, y, scale=scale)
+    out = rpc.rpc_sync("worker2", "ep.model", args=(x, y), kwargs={"scale": scale})
+    assert isinstance(out, tuple) and len(out) == 2
+    for a, b in zip(out, ref):
+        torch.testing.assert_close(a, b)
+    # the signature from the package's metadata checks inputs in C++
+    with pytest.raises(TypeError, match=r"'ep.model'.*worker2.*argument 'x'"):
+        rpc.rpc_sync("worker2", "ep.model", args=(x.double(), y), kwargs={"scale": scale})

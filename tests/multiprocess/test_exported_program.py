@@ -3,8 +3,8 @@ registered name from eager code and from TorchScript, inputs checked against
 the exported signature before anything runs, inference-only inside
 distributed autograd, concurrent calls, and no GIL on the callee.
 
-One small program is compiled once for the module (about 30 s here) into a
-package cache in a temporary folder; worker1 and worker2 register the package
+One small program is compiled once (about 30 s here) into the session's
+package cache (tests/conftest.py: test_cpp_worker.py serves it too); worker1 and worker2 register the package
 by its path, this process registers the ExportedProgram itself (a cache hit).
 """
 
@@ -44,9 +44,9 @@ X, Y, SCALE = torch.randn(5, 4), torch.randn(3), torch.tensor(0.5)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def job(tmp_path_factory, monkeypatch_module):
+def job(tmp_path_factory, monkeypatch_module, aoti_cache):
     global EP
-    monkeypatch_module.setenv(exported.CACHE_ENV, str(tmp_path_factory.mktemp("aoti")))
+    monkeypatch_module.setenv(exported.CACHE_ENV, aoti_cache)
     EP = export_model()
     started = time.time()
     path = exported.package(EP)

@@ -47,3 +47,13 @@ def test_distributed_rnn_tutorial_loss_falls():
     out = run(["tutorials/distributed_rnn.py", "--epochs", "4", "--steps", "10"], timeout=170)
     losses = [float(m.group(1)) for m in re.finditer(r"^epoch +\d+  loss ([0-9.]+)$", out, re.M)]
     assert len(losses) == 4 and losses[-1] < 0.75 * losses[0], out
+
+
+@pytest.mark.timeout(120)
+def test_torchscript_to_export_tutorial_serves_both_ways():
+    out = run(["tutorials/torchscript_to_export.py"], timeout=110)  # ~25 s, most of it the AOTInductor compile
+    assert re.search(r"compiled it with AOTInductor in [0-9.]+ s", out), out
+    assert "both agree with the model run here: True" in out, out
+    for label in ("mlp.script", "mlp.export", "the program"):
+        assert re.search(rf"client: {label} +median +\d+ µs", out), out
+    assert "outside the bounds of its dynamic dimension" in out and "client: done" in out, out

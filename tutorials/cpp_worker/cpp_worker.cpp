@@ -4,7 +4,12 @@
 //
 // Build:  .venv/bin/python tutorials/cpp_worker/build.py   (-> build/cpp_worker)
 // Run:    build/cpp_worker NAME RANK WORLD_SIZE MASTER_ADDR MASTER_PORT MODEL.pt [--try]
-//         (--try: also run forward(tensor([0., 1., 2.])) here once and print it)
+//                          [--package CALLEE_NAME PACKAGE.pt2]...
+//         (--try: also run forward(tensor([0., 1., 2.])) here once and print it;
+//          --package: also serve an exported program under CALLEE_NAME, an
+//          AOTInductor package compiled by torchrpc (torchrpc.exported.package
+//          in Python), whose metadata carries the signature callers are
+//          checked against: docs/exported-programs.md)
 //
 // The job's rendezvous is a TCPStore at MASTER_ADDR:MASTER_PORT, hosted by
 // rank 0, as with init_method="tcp://MASTER_ADDR:MASTER_PORT" in Python.
@@ -15,6 +20,7 @@
 #include <iostream>
 
 #include "script_dispatch/callee.h"
+#include "script_dispatch/exported_program.h"
 #include "worker/worker.h"
 
 // "[0, 6, 12]"
@@ -27,8 +33,23 @@ std::string show(const torch::Tensor& t) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 7 && !(argc == 8 && std::string(argv[7]) == "--try")) {
-    std::cerr << "usage: " << argv[0] << " NAME RANK WORLD_SIZE MASTER_ADDR MASTER_PORT MODEL.pt [--try]\n";
+  bool tryForward = false;
+  std::vector<std::pair<std::string, std::string>> packages;  // (callee name, package path)
+  bool usage = argc < 7;
+  for (int i = 7; i < argc && !usage; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--try") {
+      tryForward = true;
+    } else if (flag == "--package" && i + 2 < argc) {
+      packages.emplace_back(argv[i + 1], argv[i + 2]);
+      i += 2;
+    } else {
+      usage = true;
+    }
+  }
+  if (usage) {
+    std::cerr << "usage: " << argv[0] << " NAME RANK WORLD_SIZE MASTER_ADDR MASTER_PORT MODEL.pt [--try]"
+              << " [--package CALLEE_NAME PACKAGE.pt2]...\n";
     return 2;
   }
   const std::string name = argv[1];
@@ -50,12 +71,20 @@ int main(int argc, char** argv) {
   options.numWorkerThreads = 4;
   // The model's forward calls other workers through the torchrpc:: ops.
   torch::jit::Module model = torch::jit::load(argv[6]);
+  // Exported programs run on the pool threads: one model instance per thread.
+  std::vector<std::pair<std::string, std::shared_ptr<torchrpc::script_dispatch::Callee>>> exported;
+  for (const auto& [callee, path] : packages) {
+    exported.emplace_back(callee, torchrpc::script_dispatch::exportedProgramCallee(path, callee,
+                                                                                 options.numWorkerThreads));
+    std::cout << name << ": serving the exported program " << path << " as " << callee << std::endl;
+  }
   torchrpc::worker::Worker worker(options, store, [&](torchrpc::agent::Agent& agent, torchrpc::rref::RRefContext&) {
     agent.registry().add(name + ".forward", torchrpc::script_dispatch::moduleMethodCallee(model, "forward"));
+    for (const auto& [callee, program] : exported) agent.registry().add(callee, program);
   });
   std::cout << name << ": joined a job of " << worldSize << " workers" << std::endl;
 
-  if (argc == 8) {
+  if (tryForward) {
     torch::Tensor x = torch::arange(3, torch::kFloat);
     try {
       torch::Tensor y = model.forward({x}).toTensor();
