@@ -12,6 +12,7 @@
 #include <torch/csrc/distributed/rpc/request_callback_impl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "python_fallback/gil.h"
 #include "torch_backend/torch_agent.h"
 
 namespace torchrpc::bindings {
@@ -25,8 +26,10 @@ void bindTorchBackend(py::module_& m) {
       .def(py::init([](const py::object& store, const agent::AgentOptions& options) {
              auto s = py::cast<c10::intrusive_ptr<c10d::Store>>(store);
              auto callback = std::make_unique<torch::distributed::rpc::RequestCallbackImpl>();
+             python_fallback::reapThreadStates();  // an earlier agent's pool threads (it holds the GIL)
              py::gil_scoped_release nogil;  // the rendezvous waits for every worker
-             return std::make_shared<TorchAgent>(std::move(s), options, std::move(callback));
+             return std::make_shared<TorchAgent>(std::move(s), options, std::move(callback),
+                                                 &python_fallback::keepThreadState);
            }),
            py::arg("store"), py::arg("options"))
       // Upstream binds get_worker_info(id) on its TensorPipe agent only; a

@@ -57,12 +57,13 @@ std::string upstreamError(const std::exception_ptr& error) {
 }  // namespace
 
 TorchAgent::TorchAgent(c10::intrusive_ptr<c10d::Store> store, agent::AgentOptions options,
-                       std::unique_ptr<upstream::RequestCallback> callback)
+                       std::unique_ptr<upstream::RequestCallback> callback, std::function<void()> onPoolThread)
     : RpcAgent(upstream::WorkerInfo(options.name, static_cast<upstream::worker_id_t>(options.rank)),
                std::move(callback),
                std::chrono::milliseconds(static_cast<int64_t>(options.defaultTimeoutSeconds * 1000))),
       name_(options.name),
       startTimeoutSeconds_(options.defaultTimeoutSeconds),
+      onPoolThread_(std::move(onPoolThread)),
       serverStats_(std::make_shared<ServerStats>()) {
   TORCH_CHECK_VALUE(options.worldSize <= 0 || (options.rank >= 0 && options.rank < options.worldSize), "rank ",
                     options.rank, " is not in [0, world_size=", options.worldSize, ")");
@@ -148,6 +149,7 @@ c10::intrusive_ptr<upstream::JitFuture> TorchAgent::send(const upstream::WorkerI
 }
 
 void TorchAgent::complete(upstream::JitFuture& out, c10::ivalue::Future& in) {
+  if (onPoolThread_) onPoolThread_();  // upstream's callbacks take the GIL
   try {
     if (in.hasError()) {
       out.setErrorIfNeeded(std::make_exception_ptr(std::runtime_error(upstreamError(in.exception_ptr()))));
@@ -179,6 +181,7 @@ void TorchAgent::serve(message::Message&& request, message::Reply reply) {
   // (the hot one especially), so each later request would record every op
   // once more, and no caller could read its events.
   at::ThreadLocalStateGuard isolated{at::ThreadLocalState()};
+  if (onPoolThread_) onPoolThread_();
   const uint64_t id = request.id;
   c10::intrusive_ptr<upstream::Message> m = unwrapRequest(std::move(request));  // a throw: the agent answers it
   m->setId(static_cast<int64_t>(id));

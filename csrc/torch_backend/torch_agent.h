@@ -38,6 +38,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -61,9 +62,12 @@ class TorchAgent : public upstream::RpcAgent {
   // one (it is announced to the members once start() serves). `callback` is
   // upstream's request callback (RequestCallbackImpl, from the Python side).
   // options.secret, if empty, comes from the rendezvous (rendezvous.h
-  // sharedSecret).
+  // sharedSecret). `onPoolThread`, if given, runs on a pool thread before
+  // upstream's code does there: the Python side keeps the thread's Python
+  // state with it (python_fallback/gil.h), which upstream's GIL acquires
+  // would otherwise make and free on every call.
   TorchAgent(c10::intrusive_ptr<c10d::Store> store, agent::AgentOptions options,
-             std::unique_ptr<upstream::RequestCallback> callback);
+             std::unique_ptr<upstream::RequestCallback> callback, std::function<void()> onPoolThread = {});
   ~TorchAgent() override;
 
   c10::intrusive_ptr<upstream::JitFuture> send(const upstream::WorkerInfo& to,
@@ -122,6 +126,7 @@ class TorchAgent : public upstream::RpcAgent {
 
   const std::string name_;
   const double startTimeoutSeconds_;
+  const std::function<void()> onPoolThread_;
   std::unique_ptr<rendezvous::Rendezvous> rendezvous_;
   std::shared_ptr<agent::Agent> agent_;
   std::shared_ptr<worker::PeerWatch> peerWatch_;

@@ -38,6 +38,13 @@ def exit_soon(delay):
     return os.getpid()
 
 
+def kept_thread_states():
+    """Python thread states this worker's pool threads keep (python_fallback/gil.h)."""
+    from torchrpc import _C
+
+    return _C.debug_counters()["kept_thread_states"]
+
+
 _stop = threading.Event()
 
 
