@@ -52,12 +52,14 @@ bool spinUntil(Ready&& ready, std::chrono::microseconds budget = spinBudget()) {
   if (budget.count() <= 0 || !spinEnabled()) return ready();
   if (ready()) return true;
   const auto start = std::chrono::steady_clock::now();
-  const PollGrant grant(start);
+  PollGrant grant(start);
   if (!grant) return false;
   const auto end = start + budget;
   while (true) {
     if (ready()) return true;
-    if (std::chrono::steady_clock::now() >= end) return false;
+    const auto now = std::chrono::steady_clock::now();
+    // The host may have changed since the poll began (work woke up): ask again.
+    if (now >= end || !grant.keep(now)) return false;
     sched_yield();
   }
 }

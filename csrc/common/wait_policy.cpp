@@ -14,6 +14,7 @@ namespace {
 
 using Clock = WaitPolicy::Clock;
 
+
 // Reads a small /proc file from offset 0 into buf (NUL-terminated); false on error.
 bool readAt(int fd, char* buf, size_t size) {
   if (fd < 0) return false;
@@ -102,24 +103,30 @@ bool WaitPolicy::lostCore(Clock::duration waited, int64_t arrivals) {
   return waited >= kSliceWait && perArrival >= kSliceWait;
 }
 
+bool WaitPolicy::allowed(Clock::time_point now, int ourPollers) {
+  const Clock::rep t = now.time_since_epoch().count();
+  if (t < holdUntil_.load(std::memory_order_relaxed)) return false;
+  Clock::rep next = nextCheck_.load(std::memory_order_relaxed);
+  if (t >= next && nextCheck_.compare_exchange_strong(next, t + Clock::duration(WaitPolicy::kCheckInterval).count())) {
+    free_.store(coreFree(sampler_(), ourPollers, cores_), std::memory_order_relaxed);
+  }
+  return free_.load(std::memory_order_relaxed);
+}
+
 bool WaitPolicy::enter(Clock::time_point now) {
-  if (measure_) {
-    const Clock::rep t = now.time_since_epoch().count();
-    if (t < holdUntil_.load(std::memory_order_relaxed)) {
-      withheld_.fetch_add(1, std::memory_order_relaxed);
-      return false;
-    }
-    Clock::rep next = nextCheck_.load(std::memory_order_relaxed);
-    if (t >= next && nextCheck_.compare_exchange_strong(next, t + Clock::duration(kCheckInterval).count())) {
-      free_.store(coreFree(sampler_(), pollers_.load(), cores_), std::memory_order_relaxed);
-    }
-    if (!free_.load(std::memory_order_relaxed)) {
-      withheld_.fetch_add(1, std::memory_order_relaxed);
-      return false;
-    }
+  if (measure_ && !allowed(now, pollers_.load())) {
+    withheld_.fetch_add(1, std::memory_order_relaxed);
+    return false;
   }
   pollers_.fetch_add(1, std::memory_order_relaxed);
   return true;
+}
+
+bool WaitPolicy::keep(Clock::time_point now) {
+  // The asking thread is one of pollers_, and coreFree counts it as the sampler.
+  if (!measure_ || allowed(now, pollers_.load() - 1)) return true;
+  withheld_.fetch_add(1, std::memory_order_relaxed);
+  return false;
 }
 
 void WaitPolicy::leave() { pollers_.fetch_sub(1, std::memory_order_relaxed); }
@@ -144,6 +151,8 @@ PollGrant::PollGrant(Clock::time_point now) : policy_(WaitPolicy::process()) {
     probing_ = probe.read(waited0_, arrivals0_);
   }
 }
+
+bool PollGrant::keep(Clock::time_point now) { return policy_.keep(now); }
 
 PollGrant::~PollGrant() {
   if (!granted_) return;

@@ -23,9 +23,11 @@
 //    doubled while probes keep finding that. Short waits are yields to threads
 //    of its own group, which run at once: those polls cost nothing.
 //
-// Samples are taken by threads about to poll, at most once per kCheckInterval
-// per process, and probes once per kProbeInterval per thread: an idle process
-// measures nothing, and a poll pays a few atomics. TORCHRPC_SPIN_POLICY=always
+// Samples are taken by threads about to poll and by threads polling (a poll
+// granted before work woke up stops at the next sample that sees the work),
+// at most once per kCheckInterval per process, and probes once per
+// kProbeInterval per thread: an idle process measures nothing, and a poll
+// pays a few atomics. TORCHRPC_SPIN_POLICY=always
 // polls after activity without measuring, as torchrpc did before.
 //
 // Thread-safe. The rules are static functions, so that tests can feed them
@@ -71,6 +73,9 @@ class WaitPolicy {
   // A thread would poll from `now`: true if it may; it then calls leave()
   // when the poll ends.
   bool enter(Clock::time_point now);
+  // A thread that entered asks again during its poll: false if it must stop
+  // now (the host changed since the poll began; it still calls leave()).
+  bool keep(Clock::time_point now);
   void leave();
   // The probe of a poll that ended at `end`, during which its thread waited
   // `waited` in all for a core and got one back `arrivals` times.
@@ -92,6 +97,10 @@ class WaitPolicy {
   WaitSample sample() const { return sampler_(); }
 
  private:
+  // Both rules' verdict at `now`, sampling if rule 1's is due; `ourPollers`
+  // excludes the asking thread.
+  bool allowed(Clock::time_point now, int ourPollers);
+
   const int cores_;
   const Sampler sampler_;
   const bool measure_;
@@ -112,6 +121,8 @@ class PollGrant {
   explicit PollGrant(WaitPolicy::Clock::time_point now);
   ~PollGrant();
   explicit operator bool() const { return granted_; }
+  // The poll may go on at `now` (WaitPolicy::keep); only while granted.
+  bool keep(WaitPolicy::Clock::time_point now);
 
   PollGrant(const PollGrant&) = delete;
   PollGrant& operator=(const PollGrant&) = delete;

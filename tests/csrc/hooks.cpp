@@ -226,6 +226,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         });
       }))
       .def("enter", [](wp::WaitPolicy& p, int64_t nowUs) { return p.enter(wp::WaitPolicy::Clock::time_point(us(nowUs))); })
+      .def("keep", [](wp::WaitPolicy& p, int64_t nowUs) { return p.keep(wp::WaitPolicy::Clock::time_point(us(nowUs))); })
       .def("leave", &wp::WaitPolicy::leave)
       .def("probed", [](wp::WaitPolicy& p, int64_t endUs, int64_t waitedUs, int64_t arrivals) {
         p.probed(wp::WaitPolicy::Clock::time_point(us(endUs)), us(waitedUs), arrivals);

@@ -88,6 +88,26 @@ def test_work_on_every_core_stops_polls_until_a_sample_sees_a_core_free():
     assert policy.pollers == 0
 
 
+def test_a_poll_stops_at_the_first_sample_that_sees_work_woken_since_it_began():
+    host = FakeHost()
+    policy = hooks().WaitPolicy(2, host)
+    assert policy.enter(0)  # granted on an idle host
+    host.runnable = 3  # a 2-thread compute loop wakes up beside the poller
+    assert policy.keep(1 * MS)  # no sample due yet: the poll goes on
+    assert not policy.keep(2 * MS)  # the next sample sees the work
+    policy.leave()
+    assert policy.pollers == 0 and not policy.enter(3 * MS)
+
+
+def test_a_poll_goes_on_while_only_pollers_and_the_poller_itself_run():
+    host = FakeHost()
+    policy = hooks().WaitPolicy(2, host)
+    assert policy.enter(0) and policy.enter(0)
+    host.runnable = 2  # the two pollers themselves
+    assert policy.keep(2 * MS) and policy.keep(4 * MS)
+    assert host.samples == 3
+
+
 def test_own_pollers_are_not_work():
     host = FakeHost()
     policy = hooks().WaitPolicy(2, host)
