@@ -39,3 +39,16 @@ def test_scaling_probe_reports_rounds_against_the_ceiling():
     assert [line[0] for line in lines] == ["0", "1", "median"], out
     for line in lines:  # ceiling, 1 caller, 2 callers, 2/1, 2/1 over the ceiling
         assert float(line[1].rstrip("x")) > 0 and float(line[3].rstrip("/s")) > 0, out
+
+
+@pytest.mark.timeout(120)
+def test_training_steps_reports_each_step_of_both_iterations():
+    out = run(["benchmarks/training_steps.py", "--iterations", "20"], timeout=110)
+    rows = {line.split()[0]: line for line in out.splitlines() if line.split()}
+    for label, steps in (("distributed", ("embedding", "lstm", "decoder+loss", "backward", "step", "context exit")),
+                         ("local", ("embedding", "lstm", "decoder+loss", "backward", "step")),
+                         ("calls", ("builtin after compute", "builtin again"))):
+        assert label in rows, out
+        for step in steps:
+            assert f" {step} " in rows[label], rows[label]
+        assert "(sum " in rows[label] and " 0 µs)" not in rows[label], rows[label]
