@@ -22,7 +22,9 @@ SMOKE = [
     "TorchRpcDistAutogradTest::test_backward_simple",
     "TorchRpcDistOptimizerTest::test_dist_optim",
     "TorchRpcRemoteModuleTest::test_send_remote_module_with_a_new_attribute_not_pickled_over_the_wire",
-    "TorchRpcDdpUnderDistAutogradTest::test_backward_ddp_inside",
+    # DDP inside distributed autograd. Not DdpUnderDistAutogradTest's
+    # test_backward_*: they race on a fast transport (docs/torch-backend.md).
+    "TorchRpcDdpComparisonTest::test_ddp_comparison",
     "TorchRpcTensorPipeAgentRpcTest::test_dynamic_rpc_existing_rank_can_communicate_with_new_rank",
     "TorchRpcTensorPipeAgentRpcTest::test_nested_rpc_sparse",
 ]
