@@ -14,7 +14,6 @@ namespace {
 
 using Clock = WaitPolicy::Clock;
 
-
 // Reads a small /proc file from offset 0 into buf (NUL-terminated); false on error.
 bool readAt(int fd, char* buf, size_t size) {
   if (fd < 0) return false;
@@ -107,7 +106,7 @@ bool WaitPolicy::allowed(Clock::time_point now, int ourPollers) {
   const Clock::rep t = now.time_since_epoch().count();
   if (t < holdUntil_.load(std::memory_order_relaxed)) return false;
   Clock::rep next = nextCheck_.load(std::memory_order_relaxed);
-  if (t >= next && nextCheck_.compare_exchange_strong(next, t + Clock::duration(WaitPolicy::kCheckInterval).count())) {
+  if (t >= next && nextCheck_.compare_exchange_strong(next, t + Clock::duration(kCheckInterval).count())) {
     free_.store(coreFree(sampler_(), ourPollers, cores_), std::memory_order_relaxed);
   }
   return free_.load(std::memory_order_relaxed);

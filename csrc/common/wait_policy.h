@@ -27,8 +27,8 @@
 // granted before work woke up stops at the next sample that sees the work),
 // at most once per kCheckInterval per process, and probes once per
 // kProbeInterval per thread: an idle process measures nothing, and a poll
-// pays a few atomics. TORCHRPC_SPIN_POLICY=always
-// polls after activity without measuring, as torchrpc did before.
+// pays a few atomics. TORCHRPC_SPIN_POLICY=always polls after activity
+// without measuring, as torchrpc did before.
 //
 // Thread-safe. The rules are static functions, so that tests can feed them
 // made-up measurements; so can a WaitPolicy built with a fake sampler.
