@@ -271,6 +271,37 @@ def _create_and_drop(rpc, to, x, n):
 TRAIN_BLOCK = 20  # iterations per block of training(); see there
 
 
+class SplitRnn:
+    """tutorials/distributed_rnn.py's split model on `backend` (embedding and
+    decoder on worker `ps`, the LSTM here) with its DistributedOptimizer
+    (`model`, `opt`), its local twin (`emb`, `lstm`, `dec` and `local_opt`:
+    the same three modules in this process), both with SGD, and one batch:
+    `tokens`, `hidden()` (fresh zero states) and `loss_of(logits)`."""
+
+    def __init__(self, backend, ps, sz):
+        from tutorials import distributed_rnn as rnn
+
+        rnn.rpc = backend.rpc  # the tutorial's model on this backend
+        self.tokens, self._target = next(rnn.batches(sz["ntoken"], sz["seq_len"], sz["batch"], 1,
+                                                     torch.Generator().manual_seed(0)))
+        self._hidden_shape = (sz["nlayers"], sz["batch"], sz["nhid"])
+        self._ntoken = sz["ntoken"]
+        self._criterion = torch.nn.CrossEntropyLoss()
+        torch.manual_seed(0)
+        self.emb, self.dec = rnn.EmbeddingTable(sz["ntoken"], sz["ninp"]), rnn.Decoder(sz["ntoken"], sz["nhid"])
+        self.lstm = torch.nn.LSTM(sz["ninp"], sz["nhid"], sz["nlayers"])
+        self.local_opt = torch.optim.SGD([*self.emb.parameters(), *self.lstm.parameters(), *self.dec.parameters()],
+                                         lr=0.01)
+        self.model = rnn.RNNModel(ps, sz["ntoken"], sz["ninp"], sz["nhid"], sz["nlayers"])
+        self.opt = backend.optim.DistributedOptimizer(torch.optim.SGD, self.model.parameter_rrefs(), lr=0.01)
+
+    def hidden(self):
+        return torch.zeros(self._hidden_shape), torch.zeros(self._hidden_shape)
+
+    def loss_of(self, logits):
+        return self._criterion(logits.reshape(-1, self._ntoken), self._target.reshape(-1))
+
+
 def training(backend, ps, cfg):
     """One training iteration of tutorials/distributed_rnn.py's split model
     (embedding and decoder on `ps`, the LSTM here; SGD), against the same
@@ -285,43 +316,26 @@ def training(backend, ps, cfg):
         {"local_ms", "iteration_ms", "forward_ms", "backward_ms", "step_ms":
          summaries of per-iteration ms; "sizes": the model's sizes}.
     """
-    from tutorials import distributed_rnn as rnn
-
-    rnn.rpc = backend.rpc  # the tutorial's model on this backend
-    sz = cfg["rnn"]
     n, warmup = cfg["train_iterations"], cfg["train_iterations"] // 10
-    tokens, target = next(rnn.batches(sz["ntoken"], sz["seq_len"], sz["batch"], 1,
-                                      torch.Generator().manual_seed(0)))
-    hidden_shape = (sz["nlayers"], sz["batch"], sz["nhid"])
-    criterion = torch.nn.CrossEntropyLoss()
-
-    def loss_of(logits):
-        return criterion(logits.reshape(-1, sz["ntoken"]), target.reshape(-1))
-
-    torch.manual_seed(0)
-    emb, dec = rnn.EmbeddingTable(sz["ntoken"], sz["ninp"]), rnn.Decoder(sz["ntoken"], sz["nhid"])
-    lstm = torch.nn.LSTM(sz["ninp"], sz["nhid"], sz["nlayers"])
-    local_opt = torch.optim.SGD([*emb.parameters(), *lstm.parameters(), *dec.parameters()], lr=0.01)
+    m = SplitRnn(backend, ps, cfg["rnn"])
+    tokens, hidden, loss_of = m.tokens, m.hidden, m.loss_of
 
     def local_iteration():
-        local_opt.zero_grad()
-        out, _ = lstm(emb(tokens), (torch.zeros(hidden_shape), torch.zeros(hidden_shape)))
-        loss_of(dec(out)).backward()
-        local_opt.step()
-
-    model = rnn.RNNModel(ps, sz["ntoken"], sz["ninp"], sz["nhid"], sz["nlayers"])
-    opt = backend.optim.DistributedOptimizer(torch.optim.SGD, model.parameter_rrefs(), lr=0.01)
+        m.local_opt.zero_grad()
+        out, _ = m.lstm(m.emb(tokens), hidden())
+        loss_of(m.dec(out)).backward()
+        m.local_opt.step()
 
     def distributed_iteration():
         """Seconds of (forward, backward, step, iteration)."""
         t0 = time.perf_counter()
         with backend.autograd.context() as ctx:
-            logits, _ = model(tokens, (torch.zeros(hidden_shape), torch.zeros(hidden_shape)))
+            logits, _ = m.model(tokens, hidden())
             loss = loss_of(logits)
             t1 = time.perf_counter()
             backend.autograd.backward(ctx, [loss])
             t2 = time.perf_counter()
-            opt.step(ctx)
+            m.opt.step(ctx)
             t3 = time.perf_counter()
         return t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t0
 
@@ -338,7 +352,7 @@ def training(backend, ps, cfg):
                 phases[key].append(dt)
     out = {f"{k}_ms": _measure.summarize([s * 1e3 for s in v]) for k, v in phases.items()}
     out["local_ms"] = _measure.summarize([s * 1e3 for s in local])
-    out["sizes"] = sz
+    out["sizes"] = cfg["rnn"]
     return out
 
 

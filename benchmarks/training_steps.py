@@ -24,9 +24,8 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import torch  # noqa: E402
 
-from benchmarks import backends  # noqa: E402
+from benchmarks import backends, run_all, scenarios  # noqa: E402
 
-SIZES = {"ntoken": 50, "ninp": 32, "nhid": 64, "nlayers": 2, "seq_len": 12, "batch": 16}
 WARMUP = 50
 
 
@@ -52,22 +51,8 @@ class Steps:
 
 
 def trainer(backend, iterations):
-    from tutorials import distributed_rnn as rnn
-
-    sz = SIZES
-    tokens, target = next(rnn.batches(sz["ntoken"], sz["seq_len"], sz["batch"], 1, torch.Generator().manual_seed(0)))
-    hidden = (sz["nlayers"], sz["batch"], sz["nhid"])
-    criterion = torch.nn.CrossEntropyLoss()
-
-    def loss_of(logits):
-        return criterion(logits.reshape(-1, sz["ntoken"]), target.reshape(-1))
-
-    torch.manual_seed(0)
-    model = rnn.RNNModel("ps", sz["ntoken"], sz["ninp"], sz["nhid"], sz["nlayers"])
-    opt = backend.optim.DistributedOptimizer(torch.optim.SGD, model.parameter_rrefs(), lr=0.01)
-    emb, dec = rnn.EmbeddingTable(sz["ntoken"], sz["ninp"]), rnn.Decoder(sz["ntoken"], sz["nhid"])
-    lstm = torch.nn.LSTM(sz["ninp"], sz["nhid"], sz["nlayers"])
-    local_opt = torch.optim.SGD([*emb.parameters(), *lstm.parameters(), *dec.parameters()], lr=0.01)
+    m = scenarios.SplitRnn(backend, "ps", run_all.CONFIGS["full"]["rnn"])
+    model, tokens, hidden, loss_of = m.model, m.tokens, m.hidden, m.loss_of
     dist, local, calls = Steps(), Steps(), Steps()
     x = torch.ones(2)
     for i in range(iterations + WARMUP):
@@ -76,7 +61,7 @@ def trainer(backend, iterations):
         with backend.autograd.context() as ctx:
             out = model.embedding.rpc_sync().forward(tokens)
             dist.mark("embedding", keep)
-            out, _ = model.rnn(out, (torch.zeros(hidden), torch.zeros(hidden)))
+            out, _ = model.rnn(out, hidden())
             dist.mark("lstm", keep)
             calls.start()  # calls in a row, right after compute
             backend.rpc.rpc_sync("ps", torch.add, args=(x, 1))
@@ -88,20 +73,20 @@ def trainer(backend, iterations):
             dist.mark("decoder+loss", keep)
             backend.autograd.backward(ctx, [loss])
             dist.mark("backward", keep)
-            opt.step(ctx)
+            m.opt.step(ctx)
             dist.mark("step", keep)
         dist.mark("context exit", keep)
         local.start()
-        local_opt.zero_grad()
-        out = emb(tokens)
+        m.local_opt.zero_grad()
+        out = m.emb(tokens)
         local.mark("embedding", keep)
-        out, _ = lstm(out, (torch.zeros(hidden), torch.zeros(hidden)))
+        out, _ = m.lstm(out, hidden())
         local.mark("lstm", keep)
-        loss = loss_of(dec(out))
+        loss = loss_of(m.dec(out))
         local.mark("decoder+loss", keep)
         loss.backward()
         local.mark("backward", keep)
-        local_opt.step()
+        m.local_opt.step()
         local.mark("step", keep)
     print(dist.line("distributed"))
     print(local.line("local"))
@@ -111,9 +96,10 @@ def trainer(backend, iterations):
 def worker(rank, name, port, iterations, threads):
     torch.set_num_threads(threads)
     backend = backends.load(name)
-    from tutorials import distributed_rnn
+    if rank == 1:  # the parameter server: the model's RRefs are this backend's
+        from tutorials import distributed_rnn
 
-    distributed_rnn.rpc = backend.rpc  # the model's RRefs are this backend's
+        distributed_rnn.rpc = backend.rpc
     kwargs = backend.init_kwargs(port, num_worker_threads=16, rpc_timeout=60)
     backend.rpc.init_rpc(["trainer", "ps"][rank], rank=rank, world_size=2, **kwargs)
     if rank == 0:

@@ -108,6 +108,16 @@ def test_a_poll_goes_on_while_only_pollers_and_the_poller_itself_run():
     assert host.samples == 3
 
 
+def test_a_poll_counts_itself_once_when_it_asks_again():
+    host = FakeHost()
+    policy = hooks().WaitPolicy(2, host)
+    assert policy.enter(0) and policy.enter(0)
+    host.runnable = 3  # the two pollers and one thread of work: a core is free
+    assert policy.keep(2 * MS)
+    host.runnable = 4  # two threads of work fill both cores
+    assert not policy.keep(4 * MS)
+
+
 def test_own_pollers_are_not_work():
     host = FakeHost()
     policy = hooks().WaitPolicy(2, host)
