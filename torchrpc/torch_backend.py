@@ -98,6 +98,7 @@ def _agent_options(name, rank, world_size, options):
     o.num_worker_threads, o.rpc_timeout = options.num_worker_threads, options.rpc_timeout
     o.listen_host = rendezvous.listen_host(options.init_method)
     o.host_id = rendezvous.host_id()
+    o.options_type = type(options).__name__  # errors name the options the user set
     return o
 
 

@@ -66,7 +66,7 @@ Agent::Agent(AgentOptions options)
     : options_(std::move(options)),
       members_(options_.rank, options_.worldSize),
       started_(std::chrono::steady_clock::now()),
-      pending_(options_.name) {
+      pending_(options_.name, options_.optionsType) {
   TORCH_CHECK(options_.numWorkerThreads > 0, "num_worker_threads must be positive");
   registry_.setConcurrency(options_.numWorkerThreads);
   loop_ = std::make_unique<transport::Loop>(options_.name);

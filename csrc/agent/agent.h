@@ -60,6 +60,9 @@ struct AgentOptions {
   // Agent::maxConnections() open ones) an accepted connection is closed at once.
   static constexpr size_t kMaxHandshaking = 64;
   double peerGraceSeconds{5.0};         // a peer lost without GOODBYE is gone after this (worker/peer_watch.h)
+  // The options class the user set, as errors name it (the timeout's default
+  // is its rpc_timeout): the TORCHRPC backend's users set upstream's.
+  std::string optionsType{"RpcOptions"};
 };
 
 class Agent : public std::enable_shared_from_this<Agent> {

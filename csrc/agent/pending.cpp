@@ -6,7 +6,8 @@
 
 namespace torchrpc::agent {
 
-Pending::Pending(std::string workerName) : workerName_(std::move(workerName)) {
+Pending::Pending(std::string workerName, std::string optionsType)
+    : workerName_(std::move(workerName)), optionsType_(std::move(optionsType)) {
   sweeper_ = std::thread([this] {
     common::nameThisThread("rpc-timeouts");
     sweep();
@@ -123,7 +124,7 @@ void Pending::sweep() {
     call.future->setErrorIfNeeded(common::makeRpcError(
         common::ErrorKind::kTimeout,
         call.description + " timed out after " + secs +
-            " s (set by the timeout= argument, or RpcOptions.rpc_timeout by default): RPC ran for more than "
+            " s (set by the timeout= argument, or " + optionsType_ + ".rpc_timeout by default): RPC ran for more than "
             "set timeout (" + ms + " ms) and will now be marked with an error"));
     lock.lock();
   }

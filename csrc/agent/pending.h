@@ -41,7 +41,8 @@ class Pending {
     Clock::time_point deadline;
   };
 
-  explicit Pending(std::string workerName);
+  // `optionsType`: where the default timeout is set, as the timeout error names it.
+  Pending(std::string workerName, std::string optionsType);
   ~Pending();
 
   uint64_t nextId() { return nextId_.fetch_add(1); }
@@ -68,6 +69,7 @@ class Pending {
   void sweep();
 
   const std::string workerName_;
+  const std::string optionsType_;
   std::atomic<uint64_t> nextId_{1};
   mutable std::mutex mutex_;
   std::condition_variable cv_;       // sweeper wake-ups

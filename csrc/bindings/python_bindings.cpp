@@ -114,6 +114,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("rpc_timeout", &torchrpc::agent::AgentOptions::defaultTimeoutSeconds)
       .def_readwrite("listen_host", &torchrpc::agent::AgentOptions::listenHost)
       .def_readwrite("host_id", &torchrpc::agent::AgentOptions::hostId)
+      .def_readwrite("options_type", &torchrpc::agent::AgentOptions::optionsType)
       .def_readwrite("limits", &torchrpc::agent::AgentOptions::limits)  // a reference: set its fields
       .def_property(
           "secret", [](const torchrpc::agent::AgentOptions& o) { return py::bytes(o.secret); },

@@ -72,3 +72,9 @@ class EmbeddingServer:
     def gradient(self, context_id):
         """This table's gradient in a distributed autograd context (sparse)."""
         return rpc.autograd.get_gradients(context_id)[self.emb.weight]
+
+
+def on_meta(shape):
+    """A tensor on no CPU (torch's meta device, which every build has): what a
+    CUDA tensor is to a transport that sends CPU tensors only."""
+    return torch.empty(shape, device="meta")

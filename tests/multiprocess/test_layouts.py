@@ -129,6 +129,34 @@ def test_a_slice_of_a_large_tensor_sends_only_its_elements():
     assert torch.equal(rpc.rpc_sync("worker1", L.echo, args=(column,)), column)
 
 
+# ---- tensors on no CPU ----------------------------------------------------------------------
+# torchrpc sends CPU tensors only. A tensor elsewhere (CUDA; here torch's meta
+# device, which every build has) is refused with an error that says to call
+# .cpu(): as an argument before anything is sent, as a result by the callee,
+# which stays up. Its bytes are never read (a CUDA pointer read on the host
+# would crash the worker).
+
+
+@pytest.mark.parametrize("kind", ["python", "builtin", "script"])
+def test_an_argument_on_another_device_is_refused_before_sending(kind):
+    m = torch.empty(3, device="meta")
+    fn, args = {"python": (L.echo, (m,)), "builtin": (torch.add, (m, 1)), "script": (L.script_scaled, (m, 2.0))}[kind]
+    with pytest.raises(ValueError, match=r"worker0 -> worker1 .*CPU tensors only; tensor #0 is on meta\. Move it with \.cpu\(\)"):
+        rpc.rpc_sync("worker1", fn, args=args)
+    with pytest.raises(ValueError, match="CPU tensors only"):
+        rpc.remote("worker1", fn, args=args)
+
+
+def test_a_result_on_another_device_fails_the_call_and_the_callee_stays_up():
+    with pytest.raises(ValueError, match=r"cannot be sent: torchrpc sends CPU tensors only; tensor #0 is on meta.*"
+                                         r"raised on worker1"):
+        rpc.rpc_sync("worker1", L.on_meta, args=((2,),))
+    rref = rpc.remote("worker1", L.on_meta, args=((2,),))
+    with pytest.raises(ValueError, match="CPU tensors only; tensor #0 is on meta"):
+        rref.to_here()
+    assert torch.equal(rpc.rpc_sync("worker1", torch.add, args=(torch.ones(2), 1)), torch.full((2,), 2.0))
+
+
 # ---- sparse gradients ---------------------------------------------------------------------
 
 

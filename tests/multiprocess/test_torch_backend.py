@@ -80,10 +80,27 @@ def test_an_error_raised_remotely_comes_back_as_its_type():
 
 def test_a_timeout_says_upstreams_phrase_and_names_the_worker():
     fut = rpc.rpc_async("worker1", F.sleep_then, args=(2.0, 0), timeout=0.2)
-    with pytest.raises(RuntimeError, match=r"worker1.*RPC ran for more than set timeout \(200 ms\)"):
+    with pytest.raises(RuntimeError, match=r"worker1.*RPC ran for more than set timeout \(200 ms\)") as err:
         fut.wait()
+    # It names where the default is set: the options this job passed (torchrpc's own are RpcOptions).
+    assert "TorchRpcBackendOptions.rpc_timeout" in str(err.value)
+    assert "RpcOptions.rpc_timeout" not in str(err.value).replace("TorchRpcBackendOptions", "")
     # worker1 is still fine, and a timeout of 0 means none
     assert rpc.rpc_sync("worker1", F.sleep_then, args=(0.01, 5), timeout=0) == 5
+
+
+def test_a_tensor_on_another_device_is_refused_and_the_callee_stays_up():
+    # As TensorPipe without a device map: an error that says to move it to
+    # the CPU, never a read of its bytes (a CUDA tensor's, here the meta device's).
+    m = torch.empty(3, device="meta")
+    for fn, args in ((F.add, (m, m)), (torch.add, (m, 1)), (F.script_add, (m, m))):
+        with pytest.raises(RuntimeError, match=r"worker0 -> worker1 .*CPU tensors only; tensor #0 is on meta\. Move it "):
+            rpc.rpc_sync("worker1", fn, args=args)
+    with pytest.raises(RuntimeError, match=r"result .* cannot be sent: .*CPU tensors only.*raised on worker1"):
+        rpc.rpc_sync("worker1", F.on_meta, args=(2,))
+    with pytest.raises(RuntimeError, match="CPU tensors only; tensor #0 is on meta"):
+        rpc.remote("worker1", F.on_meta, args=(2,)).to_here()
+    assert_close(rpc.rpc_sync("worker1", torch.add, args=(torch.ones(2), 1)), torch.full((2,), 2.0))
 
 
 def test_distributed_autograd_backward():

@@ -68,3 +68,8 @@ def script_caller(dst: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """TorchScript's own rpc_async (the compiler's special form), calling script_add."""
     fut = rpc.rpc_async(dst, script_add, (a, b))
     return fut.wait()
+
+
+def on_meta(n):
+    """A tensor on no CPU (the meta device): what a CUDA tensor is to the backend."""
+    return torch.empty(n, device="meta")
