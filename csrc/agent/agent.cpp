@@ -240,8 +240,11 @@ void Agent::onResponse(message::Message&& m, int src, uint64_t connectionId) {
       case message::MessageType::kException: {
         message::RemoteException e = message::messageException(m);
         // No worker: a relayed error whose message names where it was raised.
-        std::string text = e.worker.empty() ? e.message
-                                            : e.message + " (raised on " + e.worker + " while running '" + e.function + "')";
+        std::string text = e.worker.empty()                         ? e.message
+                           : e.function == message::kSendingTheResult ? call->description + ": " + e.message +
+                                                                          " (raised on " + e.worker + ")"
+                                                                    : e.message + " (raised on " + e.worker +
+                                                                          " while running '" + e.function + "')";
         call->future->setError(common::makeRpcError(common::ErrorKind::kRemote, std::move(text), e.type, e.traceback));
         return;
       }
@@ -328,9 +331,8 @@ void Agent::respondOn(const std::shared_ptr<transport::Connection>& conn, messag
   if (err && err.code() == common::Error::Code::kInvalid) {
     // The result cannot travel (a tensor the wire refuses): the caller gets why.
     err = conn->send(message::exceptionMessage(id, message::RemoteException{"ValueError",
-                                                          "the result of request #" + std::to_string(id) +
-                                                              " cannot be sent: " + err.what(),
-                                                          "", "<sending the result>", options_.name}),
+                                                          "its result cannot be sent back: " + err.what(),
+                                                          "", message::kSendingTheResult, options_.name}),
                      std::chrono::steady_clock::time_point::max(), ticket);
   }
   if (!err || err.code() == common::Error::Code::kClosed) return;  // a closed connection failed the caller's call

@@ -72,6 +72,10 @@ struct RemoteException {
   std::string worker;     // callee worker name
 };
 
+// RemoteException::function of a result that could not be sent back (the
+// callee no longer knows the function): the caller names its call instead.
+inline constexpr const char* kSendingTheResult = "<sending the result>";
+
 Message exceptionMessage(uint64_t id, const RemoteException& e);
 RemoteException messageException(const Message& message);
 

@@ -310,7 +310,7 @@ void encodeTensor(const at::Tensor& t, size_t index, uint64_t lendFrom, std::str
   const Name what{index, nullptr};
   TORCH_CHECK(t.defined(), what, " of the message is undefined");
   TORCH_CHECK(t.device().is_cpu(), "torchrpc sends CPU tensors only; ", what, " is on ", t.device(),
-              ". Move it with .cpu() before the call.");
+              ". Move it with .cpu() before it is sent.");
   if (t.layout() == c10::kStrided) return encodeStrided(t, what, lendFrom, desc, buffers, lent);
   Code code;
   std::vector<at::Tensor> parts;

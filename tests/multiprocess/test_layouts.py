@@ -148,8 +148,10 @@ def test_an_argument_on_another_device_is_refused_before_sending(kind):
 
 
 def test_a_result_on_another_device_fails_the_call_and_the_callee_stays_up():
-    with pytest.raises(ValueError, match=r"cannot be sent: torchrpc sends CPU tensors only; tensor #0 is on meta.*"
-                                         r"raised on worker1"):
+    # It names the call (the callee no longer knows the function when the result fails to encode).
+    with pytest.raises(ValueError, match=r"worker0 -> worker1 .*'tests\.multiprocess\.layout_funcs\.on_meta': its "
+                                         r"result cannot be sent back: torchrpc sends CPU tensors only; tensor #0 is "
+                                         r"on meta\. Move it with \.cpu\(\) before it is sent\. \(raised on worker1\)"):
         rpc.rpc_sync("worker1", L.on_meta, args=((2,),))
     rref = rpc.remote("worker1", L.on_meta, args=((2,),))
     with pytest.raises(ValueError, match="CPU tensors only; tensor #0 is on meta"):

@@ -96,7 +96,8 @@ def test_a_tensor_on_another_device_is_refused_and_the_callee_stays_up():
     for fn, args in ((F.add, (m, m)), (torch.add, (m, 1)), (F.script_add, (m, m))):
         with pytest.raises(RuntimeError, match=r"worker0 -> worker1 .*CPU tensors only; tensor #0 is on meta\. Move it "):
             rpc.rpc_sync("worker1", fn, args=args)
-    with pytest.raises(RuntimeError, match=r"result .* cannot be sent: .*CPU tensors only.*raised on worker1"):
+    with pytest.raises(RuntimeError, match=r"worker0 -> worker1 .*: its result cannot be sent back: .*CPU tensors only"
+                                           r".*raised on worker1"):
         rpc.rpc_sync("worker1", F.on_meta, args=(2,))
     with pytest.raises(RuntimeError, match="CPU tensors only; tensor #0 is on meta"):
         rpc.remote("worker1", F.on_meta, args=(2,)).to_here()
