@@ -7,8 +7,9 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstring>
-#include <ostream>
 #include <limits>
+#include <ostream>
+#include <unordered_map>
 
 #include "message/receive_buffers.h"
 
@@ -32,7 +33,7 @@ void appendPod(std::string& out, const T& v) {
   out.append(reinterpret_cast<const char*>(&v), sizeof(T));
 }
 
-bool sparse(Code code) { return code != Code::kStrided; }
+bool sparse(Code code) { return code != Code::kStrided && code != Code::kShared; }
 size_t numComponents(Code code) { return code == Code::kSparseCoo ? 2 : 3; }
 
 c10::Layout torchLayout(Code code) {
@@ -50,7 +51,7 @@ c10::Layout torchLayout(Code code) {
 // As Python spells it.
 const char* layoutName(Code code) {
   static const char* names[] = {"torch.strided", "torch.sparse_coo", "torch.sparse_csr", "torch.sparse_csc",
-                                "torch.sparse_bsr", "torch.sparse_bsc"};
+                                "torch.sparse_bsr", "torch.sparse_bsc", "torch.strided (shared memory)"};
   return names[static_cast<uint8_t>(code)];
 }
 
@@ -161,14 +162,19 @@ void appendHeader(std::string& desc, c10::ScalarType dtype, int64_t ndim, uint16
   appendPod(desc, h);
 }
 
-void encodeStrided(const at::Tensor& in, Name what, uint64_t lendFrom, std::string& desc,
-                   std::vector<Buffer>& buffers, std::vector<Buffer>& lent) {
+// Throws c10::Error, naming it, for a strided tensor that cannot travel.
+void checkStrided(const at::Tensor& in, Name what) {
   TORCH_CHECK(supportedDtype(in.scalar_type()), "torchrpc cannot send tensors of dtype ", in.scalar_type(), " (",
               what, ")");
   TORCH_CHECK(static_cast<uint32_t>(in.dim()) <= kMaxTensorDims, what, " has ", in.dim(),
               " dimensions; at most ", kMaxTensorDims, " are supported");
   TORCH_CHECK(in.nbytes() <= kMaxTensorBytes, what, " has ", in.nbytes(), " bytes of elements; at most ",
               kMaxTensorBytes, " can travel");
+}
+
+void encodeStrided(const at::Tensor& in, Name what, uint64_t lendFrom, std::string& desc,
+                   std::vector<Buffer>& buffers, std::vector<Buffer>& lent) {
+  checkStrided(in, what);
   at::Tensor t = in.detach();
   bool withStrides = false;
   uint64_t bytes = t.nbytes();
@@ -191,6 +197,52 @@ void encodeStrided(const at::Tensor& in, Name what, uint64_t lendFrom, std::stri
   const char* data = static_cast<const char*>(t.data_ptr());
   if (lend) appendPod(desc, reinterpret_cast<uint64_t>(data));
   (lend ? lent : buffers).push_back(Buffer{std::move(t), data, bytes});
+}
+
+// Tensors that share memory (see tensor_layout.h): each strided, non-empty
+// CPU tensor's index in `sharers` is its group's first tensor (the one that
+// carries the memory), or -1 when no other tensor shares its storage.
+std::vector<int64_t> sharers(const std::vector<at::Tensor>& tensors) {
+  std::vector<int64_t> first(tensors.size(), -1);
+  if (tensors.size() < 2) return first;
+  std::unordered_map<const c10::StorageImpl*, size_t> seen;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    if (!t.defined() || t.layout() != c10::kStrided || !t.device().is_cpu() || t.numel() == 0 || !t.has_storage()) {
+      continue;
+    }
+    auto [it, fresh] = seen.emplace(t.storage().unsafeGetStorageImpl(), i);
+    if (!fresh) first[it->second] = first[i] = static_cast<int64_t>(it->second);
+  }
+  return first;
+}
+
+// The largest element (complex128): shared memory starts at a multiple of it.
+constexpr uint64_t kMaxElementBytes = 16;
+
+// [first, last) bytes of its storage that a non-empty strided tensor uses.
+std::pair<uint64_t, uint64_t> bytesUsed(const at::Tensor& t) {
+  const uint64_t first = static_cast<uint64_t>(t.storage_offset()) * t.element_size();
+  return {first, first + spanElements(t.sizes(), t.strides()) * t.element_size()};
+}
+
+// Message tensor #index as a view of the memory its group shares, which
+// tensor #owner carries: the bytes [lo, hi) of their storage.
+void encodeShared(const at::Tensor& t, size_t index, size_t owner, uint64_t lo, uint64_t hi, uint64_t lendFrom,
+                  std::string& desc, std::vector<Buffer>& buffers, std::vector<Buffer>& lent) {
+  const Name what{index, nullptr};
+  checkStrided(t, what);
+  appendHeader(desc, t.scalar_type(), t.dim(), 0, Code::kShared);
+  appendPod(desc, static_cast<uint32_t>(owner));
+  appendPod(desc, uint32_t{0});
+  appendPod(desc, bytesUsed(t).first - lo);
+  for (int64_t s : t.sizes()) appendPod(desc, s);
+  for (int64_t s : t.strides()) appendPod(desc, s);
+  if (index != owner) return;
+  const std::vector<int64_t> size{static_cast<int64_t>(hi - lo)}, stride{1};
+  const at::Tensor memory =
+      at::empty({0}, at::TensorOptions().dtype(c10::kByte)).set_(t.storage(), static_cast<int64_t>(lo), size, stride);
+  encodeStrided(memory, Name{index, "memory"}, lendFrom, desc, buffers, lent);
 }
 
 // ---- parsing ---------------------------------------------------------------
@@ -220,7 +272,7 @@ std::string readHeader(Cursor& c, Name what, Header& h) {
   if (h.ndim > kMaxTensorDims) {
     return what.str() + " claims " + std::to_string(h.ndim) + " dimensions; the limit is " + std::to_string(kMaxTensorDims);
   }
-  if (h.code > static_cast<uint8_t>(Code::kSparseBsc)) return what.str() + " has unknown layout code " + std::to_string(h.code);
+  if (h.code > static_cast<uint8_t>(Code::kShared)) return what.str() + " has unknown layout code " + std::to_string(h.code);
   return "";
 }
 
@@ -231,6 +283,23 @@ std::string readSizes(Cursor& c, Name what, size_t n, const char* name, std::vec
   for (int64_t s : out) {
     if (s < 0) return what.str() + " has a negative " + name + " " + std::to_string(s);
   }
+  return "";
+}
+
+// The bytes from the first to the last element of a non-empty strided tensor
+// (sizes within the 1 TB limit), or why its strides span more than that.
+std::string checkSpan(Name what, const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, uint64_t elem,
+                      uint64_t& bytes) {
+  const uint64_t cap = kMaxTensorBytes / elem;
+  uint64_t span = 1;  // elements from the first to the last, inclusive
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    uint64_t reach = 0;
+    if (!mulWithin(static_cast<uint64_t>(sizes[i] - 1), static_cast<uint64_t>(strides[i]), cap, reach) ||
+        (span += reach) > cap) {
+      return what.str() + "'s strides span more than the 1 TB limit";
+    }
+  }
+  bytes = span * elem;
   return "";
 }
 
@@ -253,16 +322,7 @@ std::string readBuffer(Cursor& c, const Header& h, Name what, BufferSpec& spec) 
   if (h.flags & kStrides) {
     if (std::string e = readSizes(c, what, h.ndim, "stride", spec.strides); !e.empty()) return e;
     if (numel == 0) return what.str() + " is empty but has strides";
-    const uint64_t cap = kMaxTensorBytes / elem;
-    uint64_t span = 1;  // elements from the first to the last, inclusive
-    for (size_t i = 0; i < spec.sizes.size(); ++i) {
-      uint64_t reach = 0;
-      if (!mulWithin(static_cast<uint64_t>(spec.sizes[i] - 1), static_cast<uint64_t>(spec.strides[i]), cap, reach) ||
-          (span += reach) > cap) {
-        return what.str() + "'s strides span more than the 1 TB limit";
-      }
-    }
-    expect = span * elem;
+    if (std::string e = checkSpan(what, spec.sizes, spec.strides, elem, expect); !e.empty()) return e;
   }
   if (!c.read(&spec.nbytes, 8)) return "truncated byte count of " + what.str();
   if (spec.nbytes != expect) {
@@ -276,6 +336,64 @@ std::string readBuffer(Cursor& c, const Header& h, Name what, BufferSpec& spec) 
       return "lent " + what.str() + " has no memory to copy (address " + std::to_string(spec.address) + ", " +
              std::to_string(spec.nbytes) + " bytes)";
     }
+  }
+  return "";
+}
+
+// The rest of a kShared tensor's descriptor, after its header: which tensor
+// carries the memory, the view's offset, sizes and strides, and (the carrier)
+// the memory's byte buffer. The view must lie inside that memory.
+std::string readShared(Cursor& c, const Header& h, size_t index, const std::vector<TensorSpec>& earlier,
+                       TensorSpec& tensor, std::vector<BufferSpec>& buffers) {
+  const Name what{index, nullptr};
+  if (h.flags != 0) return what.str() + " has unknown flags 0x" + c10::str(std::hex, h.flags);
+  uint32_t reserved = 0;
+  if (!c.read(&tensor.owner, 4) || !c.read(&reserved, 4) || !c.read(&tensor.byteOffset, 8)) {
+    return "truncated descriptor of " + what.str();
+  }
+  if (reserved != 0) return what.str() + " has nonzero reserved bytes";
+  if (std::string e = readSizes(c, what, h.ndim, "size", tensor.sizes); !e.empty()) return e;
+  if (std::string e = readSizes(c, what, h.ndim, "stride", tensor.strides); !e.empty()) return e;
+  const uint64_t elem = c10::elementSize(tensor.dtype);
+  uint64_t numel = 1;
+  for (int64_t s : tensor.sizes) {
+    if (!mulWithin(numel, static_cast<uint64_t>(s), kMaxTensorBytes / elem, numel)) {
+      return what.str() + " is larger than the 1 TB limit";
+    }
+  }
+  uint64_t used = 0;
+  if (numel > 0) {
+    if (std::string e = checkSpan(what, tensor.sizes, tensor.strides, elem, used); !e.empty()) return e;
+  }
+  if (tensor.byteOffset % elem != 0) {
+    return what.str() + " starts at byte " + std::to_string(tensor.byteOffset) + ", not a multiple of its " +
+           std::to_string(elem) + "-byte elements";
+  }
+  if (tensor.owner == index) {  // it carries the memory
+    const Name memory{index, "memory"};
+    Header mh;
+    if (std::string e = readHeader(c, memory, mh); !e.empty()) return e;
+    tensor.firstBuffer = buffers.size();
+    tensor.numBuffers = 1;
+    buffers.emplace_back();
+    if (std::string e = readBuffer(c, mh, memory, buffers.back()); !e.empty()) return e;
+    const BufferSpec& b = buffers.back();
+    if (b.dtype != c10::kByte || b.sizes.size() != 1 || !b.strides.empty()) return memory.str() + " is not a byte buffer";
+  } else {
+    if (tensor.owner > index) {
+      return what.str() + " shares the memory of tensor #" + std::to_string(tensor.owner) + ", which comes after it";
+    }
+    const TensorSpec& owner = earlier[tensor.owner];
+    if (owner.code != Code::kShared || owner.owner != tensor.owner) {
+      return what.str() + " shares the memory of tensor #" + std::to_string(tensor.owner) + ", which carries none";
+    }
+    tensor.firstBuffer = owner.firstBuffer;
+    tensor.numBuffers = 0;
+  }
+  const uint64_t memoryBytes = buffers[tensor.firstBuffer].nbytes;
+  if (numel > 0 && (tensor.byteOffset > memoryBytes || used > memoryBytes - tensor.byteOffset)) {
+    return what.str() + " uses bytes " + std::to_string(tensor.byteOffset) + " to " +
+           std::to_string(tensor.byteOffset + used) + " of memory that has " + std::to_string(memoryBytes);
   }
   return "";
 }
@@ -305,12 +423,11 @@ bool supportedDtype(c10::ScalarType t) {
   }
 }
 
+namespace {
+
 void encodeTensor(const at::Tensor& t, size_t index, uint64_t lendFrom, std::string& desc,
                   std::vector<Buffer>& buffers, std::vector<Buffer>& lent) {
   const Name what{index, nullptr};
-  TORCH_CHECK(t.defined(), what, " of the message is undefined");
-  TORCH_CHECK(t.device().is_cpu(), "torchrpc sends CPU tensors only; ", what, " is on ", t.device(),
-              ". Move it with .cpu() before it is sent.");
   if (t.layout() == c10::kStrided) return encodeStrided(t, what, lendFrom, desc, buffers, lent);
   Code code;
   std::vector<at::Tensor> parts;
@@ -333,8 +450,43 @@ void encodeTensor(const at::Tensor& t, size_t index, uint64_t lendFrom, std::str
   }
 }
 
-std::string parseTensor(const char*& p, const char* end, size_t index, TensorSpec& tensor,
-                        std::vector<BufferSpec>& buffers) {
+}  // namespace
+
+void encodeTensors(const std::vector<at::Tensor>& tensors, uint64_t lendFrom, std::string& desc,
+                   std::vector<Buffer>& buffers, std::vector<Buffer>& lent) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Name what{i, nullptr};
+    TORCH_CHECK(tensors[i].defined(), what, " of the message is undefined");
+    TORCH_CHECK(tensors[i].device().is_cpu(), "torchrpc sends CPU tensors only; ", what, " is on ",
+                tensors[i].device(), ". Move it with .cpu() before it is sent.");
+  }
+  std::vector<int64_t> first = sharers(tensors);
+  // Each group's memory: the bytes [lo, hi) of their storage that any of them uses.
+  struct Memory {
+    uint64_t lo, hi, elementBytes;
+  };
+  std::unordered_map<int64_t, Memory> memory;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (first[i] < 0) continue;
+    auto [lo, hi] = bytesUsed(tensors[i]);
+    lo -= lo % kMaxElementBytes;  // every view's offset into it stays a multiple of its elements
+    auto [it, fresh] = memory.emplace(first[i], Memory{lo, hi, 0});
+    it->second = {std::min(it->second.lo, lo), std::max(it->second.hi, hi), it->second.elementBytes + tensors[i].nbytes()};
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Memory* m = first[i] < 0 ? nullptr : &memory.at(first[i]);
+    // Views far apart in a large storage (slices of a big tensor) travel on
+    // their own instead, so that only about their elements travel.
+    if (m == nullptr || (m->hi - m->lo > kSmallSpanBytes && m->hi - m->lo > 2 * m->elementBytes)) {
+      encodeTensor(tensors[i], i, lendFrom, desc, buffers, lent);
+    } else {
+      encodeShared(tensors[i], i, static_cast<size_t>(first[i]), m->lo, m->hi, lendFrom, desc, buffers, lent);
+    }
+  }
+}
+
+std::string parseTensor(const char*& p, const char* end, size_t index, const std::vector<TensorSpec>& earlier,
+                        TensorSpec& tensor, std::vector<BufferSpec>& buffers) {
   Cursor c(p, end);
   const Name what{index, nullptr};
   Header h;
@@ -343,6 +495,7 @@ std::string parseTensor(const char*& p, const char* end, size_t index, TensorSpe
   tensor.dtype = static_cast<c10::ScalarType>(h.dtype);
   tensor.firstBuffer = buffers.size();
   tensor.coalesced = false;
+  if (tensor.code == Code::kShared) return readShared(c, h, index, earlier, tensor, buffers);
   if (!sparse(tensor.code)) {
     tensor.numBuffers = 1;
     buffers.emplace_back();
@@ -390,6 +543,12 @@ at::Tensor allocate(const BufferSpec& spec) {
 std::string assemble(const TensorSpec& tensor, const std::vector<BufferSpec>& specs,
                      const std::vector<at::Tensor>& buffers, size_t index, at::Tensor& out) {
   try {
+    if (tensor.code == Code::kShared) {  // parseTensor checked its bounds: set_ grows no storage
+      const int64_t offset = static_cast<int64_t>(tensor.byteOffset / c10::elementSize(tensor.dtype));
+      out = at::empty({0}, at::TensorOptions().dtype(tensor.dtype))
+                .set_(buffers[tensor.firstBuffer].storage(), offset, tensor.sizes, tensor.strides);
+      return "";
+    }
     if (!sparse(tensor.code)) {
       out = stridedTensor(specs[tensor.firstBuffer], buffers[tensor.firstBuffer]);
       return "";

@@ -12,6 +12,15 @@
 // contiguous copy, so only the view's own elements travel, never the rest of
 // its storage. Either way the receiver's tensor owns its memory (no view).
 //
+// Strided tensors of one message that share memory (one storage: a tensor
+// and its views, or the same tensor twice) travel as one span of that memory,
+// from the first byte any of them uses to the last, and arrive sharing it,
+// each with its offset, sizes and strides (layout kShared), as upstream's do:
+// a callee that changes one in place changes the others. Unless that span is
+// over kSmallSpanBytes and over twice their elements (slices far apart in a
+// large tensor): then each travels on its own, as above (upstream copies
+// such views too).
+//
 // Sparse tensors (COO, CSR, CSC, BSR, BSC) travel as their components,
 // never densified: COO as indices and values (and whether it is coalesced),
 // the compressed layouts as compressed indices, plain indices and values.
@@ -37,7 +46,10 @@ constexpr uint32_t kMaxTensorDims = 64;
 constexpr uint64_t kMaxTensorBytes = 1ull << 40;  // 1 TB: only a sanity bound
 
 // Descriptor layout codes: part of the wire format, never renumber.
-enum class Code : uint8_t { kStrided = 0, kSparseCoo = 1, kSparseCsr = 2, kSparseCsc = 3, kSparseBsr = 4, kSparseBsc = 5 };
+enum class Code : uint8_t {
+  kStrided = 0, kSparseCoo = 1, kSparseCsr = 2, kSparseCsc = 3, kSparseBsr = 4, kSparseBsc = 5,
+  kShared = 6,  // a strided view of memory that a tensor of the message carries (wire.h)
+};
 
 // Descriptor flags (u16).
 constexpr uint16_t kLent = 1;        // a buffer: its bytes stay at `address` in the sender
@@ -61,13 +73,13 @@ struct Buffer {
   uint64_t bytes;
 };
 
-// Appends the descriptor of message tensor #index to `desc`, and its buffers
-// to `buffers` (written into the frame) or to `lent` (those of lendFrom bytes
-// or more, when lendFrom > 0). Throws c10::Error, naming the tensor, for one
-// that cannot travel (not on the CPU, an unsupported dtype or layout, an
-// invalid sparse tensor).
-void encodeTensor(const at::Tensor& t, size_t index, uint64_t lendFrom, std::string& desc,
-                  std::vector<Buffer>& buffers, std::vector<Buffer>& lent);
+// Appends the descriptors of a message's tensors to `desc`, and their
+// buffers to `buffers` (written into the frame) or to `lent` (those of
+// lendFrom bytes or more, when lendFrom > 0). Throws c10::Error, naming the
+// tensor, for one that cannot travel (not on the CPU, an unsupported dtype or
+// layout, an invalid sparse tensor).
+void encodeTensors(const std::vector<at::Tensor>& tensors, uint64_t lendFrom, std::string& desc,
+                   std::vector<Buffer>& buffers, std::vector<Buffer>& lent);
 
 // ---- receiving -----------------------------------------------------------------
 
@@ -81,6 +93,8 @@ struct BufferSpec {
 };
 
 // How a message tensor is rebuilt: from buffers [firstBuffer, firstBuffer + numBuffers).
+// kShared: a view of buffer firstBuffer (the memory that tensor #owner
+// carries; numBuffers is 1 for that tensor, 0 for the others).
 struct TensorSpec {
   Code code;
   c10::ScalarType dtype;
@@ -88,14 +102,18 @@ struct TensorSpec {
   bool coalesced;
   size_t firstBuffer;
   size_t numBuffers;
+  std::vector<int64_t> strides;  // kShared only, as the next two
+  uint32_t owner;
+  uint64_t byteOffset;  // into the memory
 };
 
 // Parses the descriptor of tensor #index from [p, end), advancing p, and
-// appends its buffers' specs. Every field is checked (dtypes, dims, sizes,
-// strides, byte counts, flags) before anything is allocated. Returns why the
-// descriptor is malformed, or "" if it is not.
-std::string parseTensor(const char*& p, const char* end, size_t index, TensorSpec& tensor,
-                        std::vector<BufferSpec>& buffers);
+// appends its buffers' specs; `earlier` holds the specs of tensors 0..index-1
+// (a kShared tensor names one of them). Every field is checked (dtypes, dims,
+// sizes, strides, byte counts, flags, a shared view's bounds) before
+// anything is allocated. Returns why the descriptor is malformed, or "".
+std::string parseTensor(const char*& p, const char* end, size_t index, const std::vector<TensorSpec>& earlier,
+                        TensorSpec& tensor, std::vector<BufferSpec>& buffers);
 
 // An uninitialized contiguous tensor that receives `spec`'s bytes.
 at::Tensor allocate(const BufferSpec& spec);

@@ -88,9 +88,7 @@ OutgoingFrame encodeFrame(Message&& message, uint64_t lendFrom) {
   TORCH_CHECK(message.tensors.size() <= kMaxTensorsPerFrame,
               "a message may carry at most ", kMaxTensorsPerFrame,
               " tensors; got ", message.tensors.size());
-  for (size_t i = 0; i < message.tensors.size(); ++i) {
-    layout::encodeTensor(message.tensors[i], i, lendFrom, desc, frame.buffers, frame.lent);
-  }
+  layout::encodeTensors(message.tensors, lendFrom, desc, frame.buffers, frame.lent);
   TORCH_CHECK(message.payload.size() <= kMaxPayloadBytes,
               "the pickled part of a message is ", message.payload.size(),
               " bytes; the limit is ", kMaxPayloadBytes,
@@ -194,7 +192,7 @@ bool FrameReader::parseDescriptors() {
   uint64_t frameBytes = header_.payloadLen + header_.descLen;
   for (uint32_t i = 0; i < header_.numTensors; ++i) {
     const size_t first = buffers.size();
-    std::string why = layout::parseTensor(p, end, i, current_.tensorSpecs[i], buffers);
+    std::string why = layout::parseTensor(p, end, i, current_.tensorSpecs, current_.tensorSpecs[i], buffers);
     if (!why.empty()) {
       fail(std::move(why));
       return false;

@@ -19,8 +19,13 @@
 //   i64 sizes[ndim]
 // followed by its components, each a strided tensor's descriptor (COO:
 // indices, values; the others: compressed indices, plain indices, values);
-// its flags say whether a COO tensor is coalesced. What travels for each
-// layout, and how it is rebuilt, is in tensor_layout.h.
+// its flags say whether a COO tensor is coalesced. A view of shared memory
+// (layout 6, flags 0) goes on
+//   u32 owner, u32 0, u64 byte offset, i64 sizes[ndim], i64 strides[ndim]
+// where tensor #owner (this one or an earlier one of layout 6 that owns
+// itself) carries the memory: the owner's descriptor ends with a strided
+// descriptor of the memory's bytes (uint8, one dimension). What travels for
+// each layout, and how it is rebuilt, is in tensor_layout.h.
 //
 // A lent buffer (flags & kLent) stays in the sender's memory at `address`,
 // and the receiver copies it from there (transport/same_host.h). Sending
@@ -45,7 +50,7 @@
 namespace torchrpc::message {
 
 constexpr uint32_t kFrameMagic = 0x43505254;  // "TRPC"
-constexpr uint16_t kWireVersion = 3;
+constexpr uint16_t kWireVersion = 4;  // 4: layout 6 (kShared)
 constexpr uint64_t kMaxPayloadBytes = 1ull << 31;  // pickles above 2 GB: use tensors
 constexpr uint32_t kMaxTensorsPerFrame = 1u << 16;
 constexpr uint64_t kDefaultMaxFrameBytes = 16ull << 30;  // RpcOptions(max_message_bytes=...)

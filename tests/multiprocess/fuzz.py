@@ -22,7 +22,7 @@ import time
 from tests.multiprocess import raw_peer
 
 MAGIC = 0x43505254  # message/wire.h kFrameMagic
-VERSION = 3  # kWireVersion
+VERSION = 4  # kWireVersion
 HEADER = struct.Struct("<IHHQQII")  # magic, version, type, id, payloadLen, numTensors, descLen
 # dtype, ndim, flags, layout code, 3 zero bytes; then as wire.h says: a strided
 # tensor's sizes, strides (flags & STRIDES), nbytes, address (flags & LENT); a

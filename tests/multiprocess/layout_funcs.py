@@ -78,3 +78,21 @@ def on_meta(shape):
     """A tensor on no CPU (torch's meta device, which every build has): what a
     CUDA tensor is to a transport that sends CPU tensors only."""
     return torch.empty(shape, device="meta")
+
+
+def bump_second(a, b):
+    """Adds 100 to `b` in place and returns `a`: shows whether they share memory."""
+    b.add_(100)
+    return a
+
+
+@torch.jit.script
+def script_bump_second(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    b.add_(100)
+    return a
+
+
+def with_view(n):
+    """A tensor and a view of it."""
+    x = torch.arange(float(n))
+    return x, x[1:3]

@@ -15,7 +15,7 @@ from tests.multiprocess.cluster import Cluster
 MAGIC = 0x43505254
 HELLO = 1
 LEND_RELEASE = 7  # transport/same_host.h: the connection's own frame
-WIRE_VERSION = 3  # message/wire.h kWireVersion
+WIRE_VERSION = 4  # message/wire.h kWireVersion
 
 
 SECRET = b"test-failures-job-secret"

@@ -129,6 +129,22 @@ def test_a_slice_of_a_large_tensor_sends_only_its_elements():
     assert torch.equal(rpc.rpc_sync("worker1", L.echo, args=(column,)), column)
 
 
+# ---- tensors that share memory --------------------------------------------------------------
+
+
+def test_tensors_that_share_memory_arrive_sharing_it():
+    # As upstream: a callee that changes one in place changes the other.
+    x = torch.arange(6.0)
+    changed = torch.tensor([0.0, 1, 102, 103, 4, 5])
+    assert torch.equal(rpc.rpc_sync("worker1", L.bump_second, args=(x, x[2:4])), changed)
+    assert torch.equal(rpc.rpc_sync("worker1", L.script_bump_second, args=(x, x[2:4])), changed)
+    assert torch.equal(x, torch.arange(6.0))  # the caller's own tensors are never changed
+    for a, b in (rpc.rpc_sync("worker1", L.with_view, args=(5,)),
+                 rpc.remote("worker1", L.with_view, args=(5,)).to_here()):
+        assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and b.storage_offset() == 1
+        assert torch.equal(b, torch.tensor([1.0, 2.0]))
+
+
 # ---- tensors on no CPU ----------------------------------------------------------------------
 # torchrpc sends CPU tensors only. A tensor elsewhere (CUDA; here torch's meta
 # device, which every build has) is refused with an error that says to call

@@ -104,6 +104,12 @@ def test_a_tensor_on_another_device_is_refused_and_the_callee_stays_up():
     assert_close(rpc.rpc_sync("worker1", torch.add, args=(torch.ones(2), 1)), torch.full((2,), 2.0))
 
 
+def test_tensors_that_share_memory_arrive_sharing_it():
+    x = torch.arange(6.0)
+    changed = torch.tensor([0.0, 1, 102, 103, 4, 5])
+    assert_close(rpc.rpc_sync("worker1", F.bump_second, args=(x, x[2:4])), changed)
+
+
 def test_distributed_autograd_backward():
     t1 = torch.rand(3, 3, requires_grad=True)
     t2 = torch.rand(3, 3, requires_grad=True)

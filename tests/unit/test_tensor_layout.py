@@ -13,13 +13,12 @@ import pytest
 import torch
 
 from tests.multiprocess.layout_funcs import components
-from tests.unit.test_wire import HEADER, MAGIC, SCRIPT_RET, frame, parse, parse_with_lent
+from tests.unit.test_wire import HEADER, MAGIC, SCRIPT_RET, VERSION, frame, parse, parse_with_lent
 
-VERSION = 3  # message/wire.h kWireVersion
 DESC = struct.Struct("<BBHB3x")  # dtype, ndim, flags, layout code, 3 reserved bytes
 LENT, STRIDES, COALESCED = 1, 2, 4
-STRIDED, COO, CSR, CSC, BSR, BSC = range(6)
-FLOAT, LONG, INT = 6, 4, 3  # c10::ScalarType codes
+STRIDED, COO, CSR, CSC, BSR, BSC, SHARED = range(7)
+BYTE, FLOAT, LONG, INT = 0, 6, 4, 3  # c10::ScalarType codes
 
 
 def round_trip(*tensors, **kw):
@@ -295,6 +294,105 @@ def test_a_strided_descriptor_that_fits_its_span_is_accepted():
     # the same fields as above, agreeing: a 2x2 view over 3 elements (strides 1, 1)
     [got] = parse(hand_frame([strided_desc(FLOAT, [2, 2], floats(0, 1, 2), strides=[1, 1])], [floats(0, 1, 2)]))[0][0][3]
     assert got.stride() == (1, 1) and torch.equal(got, torch.tensor([[0.0, 1], [1, 2]]))
+
+
+# ---- tensors that share memory -----------------------------------------------------
+
+
+def test_a_tensor_and_its_view_arrive_sharing_memory():
+    x = torch.arange(6.0)
+    a, b = round_trip(x, x[2:4])
+    assert torch.equal(a, x) and torch.equal(b, x[2:4])
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and b.storage_offset() == 2
+    b.add_(100)  # as upstream: an in-place change of one shows in the other
+    assert torch.equal(a, torch.tensor([0.0, 1, 102, 103, 4, 5]))
+    assert data_bytes(frame(b"", [x, x[2:4]])) == x.nbytes  # the memory travels once
+
+
+def test_the_same_tensor_twice_and_views_of_other_dtypes_share_one_memory():
+    y = torch.arange(8, dtype=torch.float64)
+    same1, same2, doubles, floats_view = round_trip(y, y, y[1:3], y.view(torch.float32)[3:7])
+    assert same1.untyped_storage().data_ptr() == same2.untyped_storage().data_ptr() == doubles.untyped_storage().data_ptr()
+    assert torch.equal(doubles, y[1:3]) and torch.equal(floats_view, y.view(torch.float32)[3:7])
+    assert floats_view.untyped_storage().data_ptr() == same1.untyped_storage().data_ptr()
+    # only the bytes they use, from a 16-byte boundary: the middle of a larger tensor
+    big = torch.arange(1000.0)
+    a, b = round_trip(big[101:103], big[102:105].view(3, 1))
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    assert data_bytes(frame(b"", [big[101:103], big[102:105]])) == 4 * 4 + 4  # bytes 400..420 of big
+
+
+def test_views_far_apart_in_a_large_tensor_travel_on_their_own():
+    big = torch.rand(1000, 1000)
+    first, last = big[0, :10], big[999, :10]
+    assert data_bytes(frame(b"", [first, last])) == 2 * 10 * 4  # not the 4 MB between them
+    a, b = round_trip(first, last)
+    assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr() and torch.equal(b, last)
+
+
+def shared_desc(dtype, sizes, strides, owner, offset, reserved=0, flags=0, memory=None):
+    """A shared view's descriptor; `memory` (bytes): this tensor carries it."""
+    desc = DESC.pack(dtype, len(sizes), flags, SHARED) + struct.pack("<IIQ", owner, reserved, offset)
+    desc += struct.pack(f"<{len(sizes)}q", *sizes) + struct.pack(f"<{len(strides)}q", *strides)
+    return desc + (strided_desc(BYTE, [len(memory)], memory) if memory is not None else b"")
+
+
+MEMORY = floats(*range(8))  # 32 bytes
+
+
+def test_hand_built_shared_frames_parse():
+    owner = shared_desc(FLOAT, [8], [1], 0, 0, memory=MEMORY)
+    view = shared_desc(FLOAT, [2, 2], [1, 2], 0, 8)  # elements 2.. as a 2x2 with strides (1, 2)
+    a, b = parse(hand_frame([owner, view], [MEMORY]))[0][0][3]
+    assert torch.equal(b, torch.tensor([[2.0, 4], [3, 5]])) and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+BAD_SHARED = {
+    "view beyond its memory": ([shared_desc(FLOAT, [8], [1], 0, 0, memory=MEMORY), shared_desc(FLOAT, [3], [1], 0, 24)],
+                               "uses bytes 24 to 36 of memory that has 32"),
+    "strides beyond its memory": ([shared_desc(FLOAT, [2], [100], 0, 0, memory=MEMORY)], "of memory that has 32"),
+    "offset past the end": ([shared_desc(FLOAT, [1], [1], 0, 1 << 63, memory=MEMORY)], "of memory that has 32"),
+    "misaligned view": ([shared_desc(FLOAT, [1], [1], 0, 2, memory=MEMORY)], "not a multiple of its 4-byte elements"),
+    "owner after it": ([shared_desc(FLOAT, [1], [1], 1, 0), shared_desc(FLOAT, [1], [1], 1, 0, memory=MEMORY)],
+                       "shares the memory of tensor #1, which comes after it"),
+    "owner carries none": ([strided_desc(FLOAT, [1], floats(1)), shared_desc(FLOAT, [1], [1], 0, 0)],
+                           "shares the memory of tensor #0, which carries none"),
+    "owner is a view": ([shared_desc(FLOAT, [8], [1], 0, 0, memory=MEMORY), shared_desc(FLOAT, [1], [1], 0, 0),
+                         shared_desc(FLOAT, [1], [1], 1, 0)], "shares the memory of tensor #1, which carries none"),
+    "memory not bytes": ([shared_desc(FLOAT, [1], [1], 0, 0) + strided_desc(FLOAT, [8], MEMORY)],
+                         "memory of tensor #0 is not a byte buffer"),
+    "reserved bytes": ([shared_desc(FLOAT, [1], [1], 0, 0, reserved=1, memory=MEMORY)], "nonzero reserved bytes"),
+    "unknown flags": ([shared_desc(FLOAT, [1], [1], 0, 0, flags=LENT, memory=MEMORY)], "unknown flags 0x1"),
+    "strides beyond 1 TB": ([shared_desc(FLOAT, [2], [1 << 62], 0, 0, memory=MEMORY)], "span more than the 1 TB"),
+    "truncated": ([DESC.pack(FLOAT, 1, 0, SHARED) + b"\0" * 10], "truncated descriptor of tensor #0"),
+}
+
+
+@pytest.mark.parametrize("descs, message", BAD_SHARED.values(), ids=BAD_SHARED.keys())
+def test_hostile_shared_descriptors_are_errors_of_the_stream(descs, message):
+    messages, error, _ = parse(hand_frame(descs, [MEMORY]))
+    assert messages == [] and message in error, error
+
+
+def test_mutated_shared_frames_never_crash():
+    # Random bytes in the descriptors of valid frames of shared views: each
+    # parse either fails or yields tensors whose every element can be read.
+    x = torch.arange(64.0)
+    seeds = [frame(b"", [x, x[2:9], x.view(8, 8).t()]), frame(b"", [x[3:40], x.view(torch.int32)[10:30], x[5:6]])]
+    rng = random.Random(23)
+    accepted = 0
+    for _ in range(1500):
+        data = bytearray(rng.choice(seeds))
+        for _ in range(rng.randint(1, 4)):
+            i = rng.randrange(HEADER.size, len(data) - 64)
+            data[i] = rng.choice([0, 1, 2, 0x7F, 0x80, 0xFF, rng.randrange(256), data[i] ^ (1 << rng.randrange(8))])
+        messages, error, _ = parse(bytes(data), chunk=rng.choice([7, 1 << 20]))
+        for m in messages:
+            for t in m[3]:
+                accepted += 1
+                if t.numel() < 1 << 22:
+                    t.clone()  # reads every element: would crash on a view outside its memory
+    assert accepted > 0
 
 
 def test_mutated_sparse_frames_never_crash_or_make_invalid_tensors():

@@ -17,6 +17,7 @@ C = native()
 SCRIPT_RET = 20
 HEADER = struct.Struct("<IHHQQII")  # magic, version, type, id, payloadLen, numTensors, descLen
 MAGIC = 0x43505254
+VERSION = 4  # message/wire.h kWireVersion
 
 
 def frame(payload=b"", tensors=(), type_=SCRIPT_RET, id_=7, lend_from=0):
@@ -131,7 +132,7 @@ def rss_bytes():
 def declare_float_tensor(numel, id_=7):
     """A frame's header and descriptor for one float32 tensor of numel elements (no data)."""
     desc = struct.pack("<BBHB3xqQ", 6, 1, 0, 0, numel, numel * 4)  # float32, 1 dim, no flags, strided
-    return HEADER.pack(MAGIC, 3, SCRIPT_RET, id_, 0, 1, len(desc)) + desc
+    return HEADER.pack(MAGIC, VERSION, SCRIPT_RET, id_, 0, 1, len(desc)) + desc
 
 
 def test_a_declared_tensor_costs_memory_only_as_its_bytes_arrive():
