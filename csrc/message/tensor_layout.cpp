@@ -2,7 +2,6 @@
 
 #include <ATen/ops/_sparse_compressed_tensor_unsafe.h>
 #include <ATen/ops/_sparse_coo_tensor_unsafe.h>
-#include <ATen/ops/_validate_sparse_compressed_tensor_args.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/ScalarType.h>
 
@@ -12,6 +11,7 @@
 #include <unordered_map>
 
 #include "message/receive_buffers.h"
+#include "message/sparse_layout.h"
 
 namespace torchrpc::message::layout {
 
@@ -36,33 +36,6 @@ void appendPod(std::string& out, const T& v) {
 bool sparse(Code code) { return code != Code::kStrided && code != Code::kShared; }
 size_t numComponents(Code code) { return code == Code::kSparseCoo ? 2 : 3; }
 
-c10::Layout torchLayout(Code code) {
-  switch (code) {
-    case Code::kSparseCoo: return c10::kSparse;
-    case Code::kSparseCsr: return c10::kSparseCsr;
-    case Code::kSparseCsc: return c10::kSparseCsc;
-    case Code::kSparseBsr: return c10::kSparseBsr;
-    case Code::kSparseBsc: return c10::kSparseBsc;
-    case Code::kStrided: break;
-  }
-  return c10::kStrided;
-}
-
-// As Python spells it.
-const char* layoutName(Code code) {
-  static const char* names[] = {"torch.strided", "torch.sparse_coo", "torch.sparse_csr", "torch.sparse_csc",
-                                "torch.sparse_bsr", "torch.sparse_bsc", "torch.strided (shared memory)"};
-  return names[static_cast<uint8_t>(code)];
-}
-
-const char* componentName(Code code, size_t k) {
-  static const char* coo[] = {"indices", "values"};
-  static const char* rowCompressed[] = {"crow_indices", "col_indices", "values"};
-  static const char* colCompressed[] = {"ccol_indices", "row_indices", "values"};
-  if (code == Code::kSparseCoo) return coo[k];
-  return (code == Code::kSparseCsc || code == Code::kSparseBsc) ? colCompressed[k] : rowCompressed[k];
-}
-
 // What an error calls a tensor or one of its components: made into words
 // only when there is an error, so a message's tensors cost no strings.
 struct Name {
@@ -74,71 +47,6 @@ struct Name {
 };
 
 std::ostream& operator<<(std::ostream& out, const Name& n) { return out << n.str(); }
-
-// A sparse tensor's layout code and components, in wire order; false for a
-// layout that cannot travel.
-bool components(const at::Tensor& t, Code& code, std::vector<at::Tensor>& parts) {
-  switch (t.layout()) {
-    case c10::kSparse:
-      code = Code::kSparseCoo;
-      parts = {t._indices(), t._values()};
-      return true;
-    case c10::kSparseCsr:
-    case c10::kSparseBsr:
-      code = t.layout() == c10::kSparseCsr ? Code::kSparseCsr : Code::kSparseBsr;
-      parts = {t.crow_indices(), t.col_indices(), t.values()};
-      return true;
-    case c10::kSparseCsc:
-    case c10::kSparseBsc:
-      code = t.layout() == c10::kSparseCsc ? Code::kSparseCsc : Code::kSparseBsc;
-      parts = {t.ccol_indices(), t.row_indices(), t.values()};
-      return true;
-    default:
-      return false;
-  }
-}
-
-// The invariants of a COO tensor, as torch's _validate_sparse_coo_tensor_args
-// states them, checked in one pass over the indices: torch's own check took
-// 100 µs for a 2-entry tensor (400 µs with is_coalesced), more than a call.
-// Throws c10::Error.
-void checkCoo(const at::Tensor& indices, const at::Tensor& values, c10::IntArrayRef sizes, bool coalesced) {
-  TORCH_CHECK(indices.scalar_type() == c10::kLong, "indices must be int64, got ", indices.scalar_type());
-  TORCH_CHECK(indices.dim() == 2, "indices must be sparse_dim x nnz, but got: ", indices.sizes());
-  TORCH_CHECK(values.dim() >= 1, "values must have a dimension of nnz entries, but got: ", values.sizes());
-  const int64_t sparseDim = indices.size(0), nnz = indices.size(1), denseDim = values.dim() - 1;
-  TORCH_CHECK(values.size(0) == nnz, "indices and values must have same nnz, but got nnz from indices: ", nnz,
-              ", nnz from values: ", values.size(0));
-  TORCH_CHECK(static_cast<int64_t>(sizes.size()) == sparseDim + denseDim, "number of dimensions must be sparse_dim (",
-              sparseDim, ") + dense_dim (", denseDim, "), but got ", sizes.size());
-  TORCH_CHECK(values.sizes().slice(1) == sizes.slice(sparseDim), "values has incorrect size, expected ",
-              sizes.slice(sparseDim), ", got ", values.sizes().slice(1));
-  const at::Tensor idx = indices.contiguous();
-  const int64_t* p = idx.const_data_ptr<int64_t>();
-  for (int64_t d = 0; d < sparseDim; ++d) {
-    for (int64_t k = 0; k < nnz; ++k) {
-      const int64_t v = p[d * nnz + k];
-      TORCH_CHECK(v >= 0 && v < sizes[d], "size is inconsistent with indices: for dim ", d, ", size is ", sizes[d],
-                  " but found index ", v);
-    }
-  }
-  // Coalesced: the entries' index tuples strictly increase (sorted, no duplicates).
-  for (int64_t k = 1; coalesced && k < nnz; ++k) {
-    int64_t d = 0;
-    while (d < sparseDim && p[d * nnz + k] == p[d * nnz + k - 1]) ++d;
-    TORCH_CHECK(d < sparseDim && p[d * nnz + k] > p[d * nnz + k - 1],
-                "cannot set is_coalesced to true if indices correspond to uncoalesced COO tensor (entry ", k, ")");
-  }
-}
-
-// The invariants of a sparse tensor's components; throws c10::Error.
-void validateSparse(Code code, c10::IntArrayRef sizes, const std::vector<at::Tensor>& parts, bool coalesced) {
-  if (code == Code::kSparseCoo) {
-    checkCoo(parts[0], parts[1], sizes, coalesced);
-  } else {  // rare over RPC: torch's own check (36 µs for a small CSR tensor)
-    at::_validate_sparse_compressed_tensor_args(parts[0], parts[1], parts[2], sizes, torchLayout(code));
-  }
-}
 
 // a * b, or false when it exceeds `cap`.
 bool mulWithin(uint64_t a, uint64_t b, uint64_t cap, uint64_t& out) {
@@ -201,10 +109,11 @@ void encodeStrided(const at::Tensor& in, Name what, uint64_t lendFrom, std::stri
 
 // Tensors that share memory (see tensor_layout.h): each strided, non-empty
 // CPU tensor's index in `sharers` is its group's first tensor (the one that
-// carries the memory), or -1 when no other tensor shares its storage.
+// carries the memory), or -1 when no other tensor shares its storage; empty
+// for fewer than two tensors (most messages), which share nothing.
 std::vector<int64_t> sharers(const std::vector<at::Tensor>& tensors) {
+  if (tensors.size() < 2) return {};
   std::vector<int64_t> first(tensors.size(), -1);
-  if (tensors.size() < 2) return first;
   std::unordered_map<const c10::StorageImpl*, size_t> seen;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
@@ -460,13 +369,13 @@ void encodeTensors(const std::vector<at::Tensor>& tensors, uint64_t lendFrom, st
     TORCH_CHECK(tensors[i].device().is_cpu(), "torchrpc sends CPU tensors only; ", what, " is on ",
                 tensors[i].device(), ". Move it with .cpu() before it is sent.");
   }
-  std::vector<int64_t> first = sharers(tensors);
+  const std::vector<int64_t> first = sharers(tensors);
   // Each group's memory: the bytes [lo, hi) of their storage that any of them uses.
   struct Memory {
     uint64_t lo, hi, elementBytes;
   };
   std::unordered_map<int64_t, Memory> memory;
-  for (size_t i = 0; i < tensors.size(); ++i) {
+  for (size_t i = 0; i < first.size(); ++i) {
     if (first[i] < 0) continue;
     auto [lo, hi] = bytesUsed(tensors[i]);
     lo -= lo % kMaxElementBytes;  // every view's offset into it stays a multiple of its elements
@@ -474,7 +383,7 @@ void encodeTensors(const std::vector<at::Tensor>& tensors, uint64_t lendFrom, st
     it->second = {std::min(it->second.lo, lo), std::max(it->second.hi, hi), it->second.elementBytes + tensors[i].nbytes()};
   }
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const Memory* m = first[i] < 0 ? nullptr : &memory.at(first[i]);
+    const Memory* m = first.empty() || first[i] < 0 ? nullptr : &memory.at(first[i]);
     // Views far apart in a large storage (slices of a big tensor) travel on
     // their own instead, so that only about their elements travel.
     if (m == nullptr || (m->hi - m->lo > kSmallSpanBytes && m->hi - m->lo > 2 * m->elementBytes)) {
