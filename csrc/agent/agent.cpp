@@ -240,11 +240,13 @@ void Agent::onResponse(message::Message&& m, int src, uint64_t connectionId) {
       case message::MessageType::kException: {
         message::RemoteException e = message::messageException(m);
         // No worker: a relayed error whose message names where it was raised.
-        std::string text = e.worker.empty()                         ? e.message
-                           : e.function == message::kSendingTheResult ? call->description + ": " + e.message +
-                                                                          " (raised on " + e.worker + ")"
-                                                                    : e.message + " (raised on " + e.worker +
-                                                                          " while running '" + e.function + "')";
+        std::string text = e.message;
+        if (!e.worker.empty()) {
+          // A result that could not be sent back: the callee no longer knew the function, so name the call.
+          text = e.function == message::kSendingTheResult
+                     ? call->description + ": " + text + " (raised on " + e.worker + ")"
+                     : text + " (raised on " + e.worker + " while running '" + e.function + "')";
+        }
         call->future->setError(common::makeRpcError(common::ErrorKind::kRemote, std::move(text), e.type, e.traceback));
         return;
       }

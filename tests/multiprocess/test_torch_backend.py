@@ -11,6 +11,7 @@ import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
 from torch.testing import assert_close
 
+from tests.multiprocess import layout_funcs as L
 from tests.multiprocess import torch_backend_funcs as F
 from tests.multiprocess.torch_backend_job import TorchBackendJob
 
@@ -98,16 +99,16 @@ def test_a_tensor_on_another_device_is_refused_and_the_callee_stays_up():
             rpc.rpc_sync("worker1", fn, args=args)
     with pytest.raises(RuntimeError, match=r"worker0 -> worker1 .*: its result cannot be sent back: .*CPU tensors only"
                                            r".*raised on worker1"):
-        rpc.rpc_sync("worker1", F.on_meta, args=(2,))
+        rpc.rpc_sync("worker1", L.on_meta, args=((2,),))
     with pytest.raises(RuntimeError, match="CPU tensors only; tensor #0 is on meta"):
-        rpc.remote("worker1", F.on_meta, args=(2,)).to_here()
+        rpc.remote("worker1", L.on_meta, args=((2,),)).to_here()
     assert_close(rpc.rpc_sync("worker1", torch.add, args=(torch.ones(2), 1)), torch.full((2,), 2.0))
 
 
 def test_tensors_that_share_memory_arrive_sharing_it():
     x = torch.arange(6.0)
     changed = torch.tensor([0.0, 1, 102, 103, 4, 5])
-    assert_close(rpc.rpc_sync("worker1", F.bump_second, args=(x, x[2:4])), changed)
+    assert_close(rpc.rpc_sync("worker1", L.bump_second, args=(x, x[2:4])), changed)
 
 
 def test_distributed_autograd_backward():

@@ -68,14 +68,3 @@ def script_caller(dst: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """TorchScript's own rpc_async (the compiler's special form), calling script_add."""
     fut = rpc.rpc_async(dst, script_add, (a, b))
     return fut.wait()
-
-
-def on_meta(n):
-    """A tensor on no CPU (the meta device): what a CUDA tensor is to the backend."""
-    return torch.empty(n, device="meta")
-
-
-def bump_second(a, b):
-    """Adds 100 to `b` in place and returns `a`: shows whether they share memory."""
-    b.add_(100)
-    return a
