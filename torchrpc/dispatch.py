@@ -11,14 +11,13 @@ it a remote() (the new RRef's native handle, which :mod:`torchrpc.rref`
 wraps).
 """
 
-import contextlib
 import functools
 
 import torch
 
 from torchrpc import callables, constants, errors, exported, functions, python_fallback, shipped_code, state
 from torchrpc._extension import native
-from torchrpc.invocation import Invocation
+from torchrpc.invocation import Invocation, plain
 
 
 def invoke(call_kind, to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIMEOUT):
@@ -70,10 +69,15 @@ def _start(callee, call_kind, session, dst, args, kwargs, seconds, again=False):
     the arguments (tensors, RRefs) alive until the garbage collector runs."""
     remote = call_kind == "remote"
     message, function, forks = callee.build(call_kind, dst, args, kwargs, remote, again)
-    with _forks_cancelled_on_error(forks):
+    try:
         if remote:
             return session.rref_ctx.remote(dst.id, message, seconds, function)
         call = session.agent.send(dst.id, message, seconds, call_kind, function)
+    except BaseException:
+        # A message that could not be sent (e.g. a sparse tensor the wire
+        # refuses) carried no RRef: its forks are undone, so nothing holds those RRefs.
+        python_fallback.cancel_forks(forks)
+        raise
     if forks:  # RRefs sent to their owner: released when it answers
         session.rref_ctx.release_when_answered(call, forks)
     resend = None if again or not callee.resends else functools.partial(
@@ -116,10 +120,6 @@ def _builtin_name(func):
         return None
 
 
-def _identity(value):
-    return value
-
-
 class _Callee:
     """One kind of callee: build(call_kind, dst, args, kwargs, remote, again)
     returns the call's (native message, function name, RRef forks it made)."""
@@ -127,7 +127,7 @@ class _Callee:
     __slots__ = ("target",)
     takes_script_values = True  # RRef arguments may be retried as TorchScript RRefs
     resends = False  # a callee that lacks the function gets it on a second try
-    decode = staticmethod(_identity)  # the response's value -> the result
+    decode = staticmethod(plain)  # the response's value -> the result
 
     def __init__(self, target):
         self.target = target
@@ -237,17 +237,6 @@ class _Python(_Callee):
             # The profiler names the call's range after it, as upstream: by __qualname__.
             name = getattr(self.target, "__qualname__", name)
         return native().python_message(payload, tensors), name, forks
-
-
-@contextlib.contextmanager
-def _forks_cancelled_on_error(forks):
-    """A message that could not be sent (e.g. a sparse tensor the wire refuses)
-    carried no RRef: its forks are undone, so nothing holds those RRefs."""
-    try:
-        yield
-    except BaseException:
-        python_fallback.cancel_forks(forks)
-        raise
 
 
 def _to_script_values(value):

@@ -1,21 +1,24 @@
 """A call in flight on the caller: :class:`Invocation` (what rpc_sync waits
 on) and :class:`InvocationFuture` (what rpc_async returns)."""
 
-import threading
+import weakref
 
 import torch
 
 from torchrpc import errors, state
 from torchrpc._extension import native
 
-# Set on the callback thread while it settles a call (and so runs the
-# future's callbacks): a callback that waits for another call's future must
-# settle that future itself, since the thread that would is this one.
-_settling = threading.local()
+
+def plain(value):
+    """The decode of a call whose response value is its result (a TorchScript,
+    builtin or exported callee): such a future is completed natively."""
+    return value
 
 
 def _in_callback():
-    return getattr(_settling, "depth", 0) > 0
+    # On the callback thread a future's completion or callback is running, so
+    # a future it waits for must be settled here: that thread would do it.
+    return native().on_callback_thread()
 
 
 class Invocation:
@@ -23,7 +26,7 @@ class Invocation:
     to resend it with the function itself when the callee does not know it
     (a Python function it has not cached, a TorchScript function it lacks)."""
 
-    __slots__ = ("call", "decode", "resend", "_pending")
+    __slots__ = ("call", "decode", "resend", "_pending", "__weakref__")
 
     def __init__(self, call, decode, resend=None):
         self.call = call
@@ -45,28 +48,30 @@ class Invocation:
 
     def future(self):
         fut = InvocationFuture()
-        fut._invocation = self
         self._complete(fut)
         return fut
 
     def _complete(self, fut):
-        # `pending` holds the right to settle fut: whoever pops it first (the
-        # callback thread's `done`, or a waiting thread) settles; list.pop is
-        # atomic under the GIL. A `done` that will not run may sit in its
-        # queue a while, and then holds nothing (no arguments, no future).
+        # `pending` holds the right to settle fut in Python: whoever pops it
+        # first (the callback thread's `done`, or a waiting thread) settles;
+        # list.pop is atomic under the GIL. It also holds this call (and so
+        # its arguments, for a resend); the future refers to the call weakly.
+        # A `done` that will not run may sit in its queue a while, and then
+        # holds nothing. A plain value completes fut natively instead, on the
+        # callback thread without the GIL, which empties `pending` later
+        # (Call.add_done_callback); the call's settle token decides between
+        # that and Python.
         pending = self._pending = [(self, fut)]
+        fut._invocation = weakref.ref(self)
 
         def done():
             taken = _take(pending)
             if taken is not None:
                 invocation, future = taken
-                _settling.depth = getattr(_settling, "depth", 0) + 1
-                try:
-                    invocation._settle(future)
-                finally:
-                    _settling.depth -= 1
+                invocation._settle(future)
 
-        self.call.add_done_callback(state.callbacks(), done)
+        native_target = fut if self.decode is plain else None
+        self.call.add_done_callback(state.callbacks(), done, native_target, pending)
 
     def settle(self, fut):
         """Completes fut with this call's outcome (or hands it to the resent
@@ -79,6 +84,8 @@ class Invocation:
 
     def _settle(self, fut):
         self._pending = None
+        if not self.call.take_settle():
+            return  # completed natively
         try:
             value, again = self._outcome()
         except BaseException as exc:
@@ -89,7 +96,6 @@ class Invocation:
             _fail(fut, exc.with_traceback(None))
             return
         if again is not None:
-            fut._invocation = again
             again._complete(fut)
         else:
             fut._invocation = None
@@ -121,7 +127,7 @@ class InvocationFuture(torch.futures.Future):
     is on that thread, so it settles that call itself instead of waiting
     for itself."""
 
-    _invocation = None  # the call that settles it; None once settled
+    _invocation = None  # a weak reference to the call that settles it; None once settled
     _callbacks_added = False
 
     def wait(self):
@@ -130,16 +136,20 @@ class InvocationFuture(torch.futures.Future):
 
     def _drive(self):
         """Settles this future on this thread when it may (see the class)."""
-        inv = self._invocation
+        inv = self._call()
         while inv is not None and (not self._callbacks_added or _in_callback()) and not self.done():
             # Returns once the call is done (polls, then sleeps, without the
-            # GIL). If it completed before this thread claimed it, its `done`
-            # is queued on the callback thread, which may be busy: this thread
-            # settles it anyway, unless that thread took it over already.
+            # GIL). If it completed before this thread claimed it, its
+            # completion is queued on the callback thread, which may be busy:
+            # this thread settles it anyway, unless that thread took it over.
             inv.call.claim_and_wait()
             if not inv.settle(self):
                 break
-            inv = self._invocation  # the resent call, or None
+            inv = self._call()  # the resent call, or None
+
+    def _call(self):
+        ref = self._invocation
+        return None if ref is None else ref()
 
     def then(self, callback):
         self._callbacks_added = True

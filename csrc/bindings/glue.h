@@ -37,10 +37,16 @@ py::tuple outcome(const c10::ivalue::Future& future);
 // A call in flight, as Python sees it.
 struct Call {
   c10::intrusive_ptr<c10::ivalue::Future> future;
-  // Who settles an rpc_async future: a thread that waits for it
-  // (claimAndWait), or, when the call completes first, the callback runner.
-  // Made by addDoneCallback: rpc_sync's calls never need it.
-  std::shared_ptr<std::atomic<bool>> claimed;
+  // Who settles an rpc_async future (made by addDoneCallback: rpc_sync's
+  // calls never need it). `claimed`: a thread that waits for it
+  // (claimAndWait) or, when the call completes first, the callback runner.
+  // `settled`: the one completion of the Python future, by the first of the
+  // waiting thread, the runner's Python callback and its native completion.
+  struct Settling {
+    std::atomic<bool> claimed{false};
+    std::atomic<bool> settled{false};
+  };
+  std::shared_ptr<Settling> settling;
 
   // Returns once the call is done: polls, then sleeps, without the GIL.
   void wait() const {
@@ -58,24 +64,23 @@ struct Call {
   // True if this thread claimed the call before it completed; then returns
   // once it is done (see wait()). False if the runner claimed it.
   bool claimAndWait() const {
-    if (claimed && claimed->exchange(true)) return false;
+    if (settling && settling->claimed.exchange(true)) return false;
     wait();
     return true;
   }
 
+  // Whether this thread settles the Python future (once per call).
+  bool takeSettle() const { return settling && !settling->settled.exchange(true); }
+
   // fn() runs on the runner's thread, under the GIL, once the call is done,
-  // unless a waiting thread claimed the call first (claimAndWait).
-  void addDoneCallback(std::shared_ptr<pf::CallbackRunner> runner, py::object fn) {
-    auto callback = pf::sharedPyObject(std::move(fn));
-    if (!claimed) claimed = std::make_shared<std::atomic<bool>>(false);
-    future->addCallback([runner, callback, claimed = claimed](c10::ivalue::Future&) {
-      if (claimed->exchange(true)) {
-        runner->discard(callback);
-      } else {
-        runner->post(callback);
-      }
-    });
-  }
+  // unless a waiting thread claimed the call first (claimAndWait). With a
+  // `target` (a torch.futures.Future, or None), a value that needs no
+  // conversion (no RRef in it) completes target there without the GIL
+  // instead, unless a thread took the settling over first (takeSettle); the
+  // list `release` is then emptied later, under the GIL (what fn would have
+  // dropped).
+  void addDoneCallback(std::shared_ptr<pf::CallbackRunner> runner, py::object fn, const py::object& target,
+                       py::object release);
 };
 
 // A call message built by the caller, sent once (Agent.send or RRefContext.remote).

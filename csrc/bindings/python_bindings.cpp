@@ -86,6 +86,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<Call>(m, "Call")
       .def("result", &Call::result)
       .def("claim_and_wait", &Call::claimAndWait)
+      .def("take_settle", &Call::takeSettle)
       .def("done", [](const Call& c) { return c.future->completed(); })
       .def("add_done_callback", &Call::addDoneCallback);
 
@@ -94,6 +95,7 @@ PYBIND11_MODULE(_C, m) {
       .def("stop", &pf::CallbackRunner::stop, py::arg("timeout") = 10.0, py::call_guard<py::gil_scoped_release>());
 
   m.def("set_future_error", &pf::setFutureError);
+  m.def("on_callback_thread", &pf::CallbackRunner::onRunnerThread);
   m.def("local_host_id", &torchrpc::worker::localHostId);
 
   // A connection's limits (transport/connection.h Limits), as RpcOptions names them.

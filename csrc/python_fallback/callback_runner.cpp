@@ -4,8 +4,10 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
+#include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <optional>
 
 #include "common/intra_op.h"
 #include "common/spin.h"
@@ -15,8 +17,15 @@ namespace py = pybind11;
 
 namespace torchrpc::python_fallback {
 
+namespace {
+thread_local bool onRunner = false;
+}  // namespace
+
+bool CallbackRunner::onRunnerThread() { return onRunner; }
+
 CallbackRunner::CallbackRunner() : state_(std::make_shared<State>()) {
   thread_ = std::thread([state = state_] {
+    onRunner = true;
     common::nameThisThread("rpc-callbacks");
     common::initIntraOpThreads();
     run(state);
@@ -33,11 +42,18 @@ CallbackRunner::~CallbackRunner() {
   }
 }
 
-void CallbackRunner::post(std::shared_ptr<py::object> callback) {
+void CallbackRunner::post(std::shared_ptr<py::object> callback) { enqueue(Item{std::move(callback), {}, nullptr}); }
+
+void CallbackRunner::post(std::function<void()> task, std::shared_ptr<py::object> callback,
+                          std::shared_ptr<py::object> release) {
+  enqueue(Item{std::move(callback), std::move(task), std::move(release)});
+}
+
+void CallbackRunner::enqueue(Item item) {
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     if (!state_->stopped) {
-      state_->queue.push_back(std::move(callback));
+      state_->queue.push_back(std::move(item));
       state_->queued.store(state_->queue.size());
       state_->cv.notify_one();
       return;
@@ -45,7 +61,13 @@ void CallbackRunner::post(std::shared_ptr<py::object> callback) {
   }
   // Posted after stop(): there is no runner thread left (and no I/O thread
   // either), so run it here rather than lose a completion.
-  runOne(callback);
+  if (item.task) {
+    runNative(item);
+    Gil gil;
+    releaseNative(item);
+  } else {
+    runOne(item.callback);
+  }
 }
 
 void CallbackRunner::discard(std::shared_ptr<py::object> callback) {
@@ -74,11 +96,32 @@ void CallbackRunner::runOne(std::shared_ptr<py::object>& cb) {
   cb.reset();  // drop the Python references while holding the GIL
 }
 
+void CallbackRunner::runNative(Item& item) {
+  try {
+    item.task();
+  } catch (const c10::Error& e) {
+    // E.g. a future the user completed himself: printed, as a Python callback's error is.
+    std::cerr << "torchrpc: an rpc_async completion failed: " << e.what_without_backtrace() << "\n";
+  } catch (const std::exception& e) {
+    std::cerr << "torchrpc: an rpc_async completion failed: " << e.what() << "\n";
+  }
+  item.task = nullptr;
+}
+
+void CallbackRunner::releaseNative(Item& item) {
+  if (item.release && PyList_Check(item.release->ptr())) {
+    PyList_SetSlice(item.release->ptr(), 0, PY_SSIZE_T_MAX, nullptr);
+  }
+  item.release.reset();
+  item.callback.reset();
+}
+
 void CallbackRunner::run(const std::shared_ptr<State>& state) {
   common::AdaptiveSpin spin;
+  std::vector<Item> ran;  // native completions whose Python references are still held
   while (true) {
     spin.until([&] { return state->queued.load() > 0; });
-    std::deque<std::shared_ptr<py::object>> batch;
+    std::deque<Item> batch;
     std::vector<std::shared_ptr<py::object>> discarded;
     bool exit = false;
     {
@@ -89,13 +132,36 @@ void CallbackRunner::run(const std::shared_ptr<State>& state) {
       spin.done();
       batch.swap(state->queue);
       state->queued.store(0);
-      discarded.swap(state->discarded);
+      // Discarded callbacks are freed under the GIL: with a batch that takes
+      // it anyway, or once kDiscardBatch have piled up, or at the end.
+      bool python = std::any_of(batch.begin(), batch.end(), [](const Item& i) { return !i.task; });
+      if (python || state->stopping || state->discarded.size() >= kDiscardBatch) discarded.swap(state->discarded);
       // Stopping, nothing left to run: from now on post() and discard() run inline.
       exit = state->stopped = batch.empty() && state->stopping;
     }
-    if (!batch.empty() || !discarded.empty()) {
-      Gil gil;  // once per batch; runOne's acquire nests
-      for (auto& cb : batch) runOne(cb);
+    // The GIL from the first Python completion or discarded callback to the
+    // batch's end (runOne's acquire nests); a batch of native ones takes none.
+    std::optional<Gil> gil;
+    for (auto& item : batch) {
+      if (item.task) {
+        runNative(item);
+        ran.push_back(std::move(item));
+      } else {
+        if (!gil) gil.emplace();
+        runOne(item.callback);
+      }
+    }
+    // Native completions drop their references once nothing is queued (their
+    // arguments, say, should not outlive the burst of calls), or with the GIL
+    // taken anyway.
+    bool idle = state->queued.load() == 0;
+    if (!ran.empty() && (gil || idle || exit || ran.size() >= kDiscardBatch)) {
+      if (!gil) gil.emplace();
+      for (auto& item : ran) releaseNative(item);
+      ran.clear();
+    }
+    if (!discarded.empty()) {
+      if (!gil) gil.emplace();
       discarded.clear();
     }
     if (exit) {

@@ -1,19 +1,23 @@
 #pragma once
 
-// CallbackRunner: the thread that runs Python completion callbacks
-// (rpc_async futures) under the GIL.
+// CallbackRunner: the thread that completes rpc_async futures and runs their
+// callbacks.
 //
 // Responses complete futures on the agent's I/O thread, which must never wait
 // for the GIL: a worker whose main thread is busy in Python would stop reading
 // its sockets, and the TorchScript calls it serves would stall with it. So the
-// I/O thread only queues the callback here; this thread takes the GIL once per
-// batch and runs them in order. Owned by the Python state of one init_rpc.
+// I/O thread only queues the completion here; this thread runs them in order.
+// A Python completion runs under the GIL (taken once per batch); a native one
+// (a script or builtin result, bindings/glue.h) takes no GIL, so it does not
+// stop the thread that is issuing calls. Owned by the Python state of one
+// init_rpc.
 
 #include <pybind11/pybind11.h>
 
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -35,6 +39,12 @@ class CallbackRunner {
 
   // Any thread, no GIL needed (after stop(), runs the callback inline).
   void post(std::shared_ptr<pybind11::object> callback);
+  // A completion that needs no GIL (it may take it itself). Its Python
+  // fallback `callback` is not run, and `release` (a list of references the
+  // completion made obsolete) is emptied: both under the GIL, once this
+  // thread has nothing queued (or kDiscardBatch are waiting).
+  void post(std::function<void()> task, std::shared_ptr<pybind11::object> callback,
+            std::shared_ptr<pybind11::object> release);
   // A callback that will not run (another thread settled its future): any
   // thread, no GIL needed. Freed under the GIL with the next batch, or once
   // kDiscardBatch have piled up.
@@ -44,24 +54,40 @@ class CallbackRunner {
   // callback that never returns. Call without the GIL.
   bool stop(double timeoutSeconds = 10.0);
 
+  // True on a runner's thread: code there is a completion or one of its
+  // callbacks, and a future it waits for is settled by no one else.
+  static bool onRunnerThread();
+
  private:
   // Shared with the thread, which may outlive this object after a stop()
   // that gave up on it.
   static constexpr size_t kDiscardBatch = 64;
 
+  // One queued completion: Python (`callback`), or native (`task`, with the
+  // references post() names).
+  struct Item {
+    std::shared_ptr<pybind11::object> callback;
+    std::function<void()> task;
+    std::shared_ptr<pybind11::object> release;
+  };
+
   struct State {
     std::mutex mutex;
     std::condition_variable cv;      // work queued, or stopping
     std::condition_variable exited;  // the thread is done
-    std::deque<std::shared_ptr<pybind11::object>> queue;
+    std::deque<Item> queue;
     std::vector<std::shared_ptr<pybind11::object>> discarded;
     std::atomic<size_t> queued{0};
     bool stopping{false};
     bool stopped{false};  // the thread has exited; post() runs callbacks inline
   };
 
+  void enqueue(Item item);
   static void run(const std::shared_ptr<State>& state);
   static void runOne(std::shared_ptr<pybind11::object>& callback);
+  static void runNative(Item& item);
+  // Drops a native completion's Python references (post()). Needs the GIL.
+  static void releaseNative(Item& item);
 
   std::shared_ptr<State> state_;
   std::thread thread_;
