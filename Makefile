@@ -28,8 +28,10 @@ cpp-worker: $(VENV)/.built
 # only a smoke subset of it. Pick tests with ARGS, e.g.
 # make test-torch-backend ARGS="-k test_add".
 ARGS ?=
+# Upstream's harness gives up on a hung test before pytest does, and prints
+# every rank's stack.
 test-torch-backend: $(VENV)/.built
-	$(PY) -m pytest tests/torch_backend_upstream/upstream_suite.py -p no:cacheprovider \
+	DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=240 $(PY) -m pytest tests/torch_backend_upstream/upstream_suite.py -p no:cacheprovider \
 		-o addopts="" -o filterwarnings="" -o timeout=300 -q $(ARGS)
 
 $(VENV)/.deps: requirements.txt

@@ -33,9 +33,11 @@ SMOKE = [
 @pytest.mark.timeout(600)
 def test_a_smoke_subset_of_upstreams_suite_passes_on_the_backend():
     ids = [f"{SUITE}::{test}" for test in SMOKE]
+    # Upstream's harness gives up on a hung test (90 s) before pytest does
+    # (120 s), and then logs every rank's stack.
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-o", "filterwarnings=",
          "-o", "timeout=120", "--rootdir", os.path.dirname(SUITE), *ids],
-        capture_output=True, text=True, timeout=560)
+        capture_output=True, text=True, timeout=560, env=dict(os.environ, DISTRIBUTED_TESTS_DEFAULT_TIMEOUT="90"))
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
-    assert run.returncode == 0 and f"{len(SMOKE)} passed" in summary, run.stdout[-20000:] + run.stderr[-5000:]
+    assert run.returncode == 0 and f"{len(SMOKE)} passed" in summary, run.stdout[-60000:] + run.stderr[-5000:]
