@@ -71,7 +71,7 @@ class Invocation:
                 invocation._settle(future)
 
         native_target = fut if self.decode is plain else None
-        self.call.add_done_callback(state.callbacks(), done, native_target, pending)
+        self.call.add_done_callback(state.callbacks(), done, native_target, pending, fut._callbacks_added)
 
     def settle(self, fut):
         """Completes fut with this call's outcome (or hands it to the resent
@@ -152,12 +152,20 @@ class InvocationFuture(torch.futures.Future):
         return None if ref is None else ref()
 
     def then(self, callback):
-        self._callbacks_added = True
+        self._callbacks_coming()
         return _chain(self, callback)
 
     def add_done_callback(self, callback):
-        self._callbacks_added = True
+        self._callbacks_coming()
         super().add_done_callback(callback)
+
+    def _callbacks_coming(self):
+        # Python callbacks run in the order they were added: a future that
+        # has them is completed under the GIL (Call.callbacks_coming).
+        self._callbacks_added = True
+        inv = self._call()
+        if inv is not None:
+            inv.call.callbacks_coming()
 
 
 class _ChainedFuture(torch.futures.Future):

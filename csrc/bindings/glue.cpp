@@ -42,26 +42,41 @@ py::tuple outcome(const c10::ivalue::Future& future) {
   return py::make_tuple(true, pyValue(future.constValue()));
 }
 
+void Call::callbacksComing() const {
+  if (!settling) return;
+  int state = kNone;
+  if (settling->callbacks.compare_exchange_strong(state, kAdded) || state != kCompleting) return;
+  py::gil_scoped_release nogil;
+  settling->target->wait();
+}
+
 void Call::addDoneCallback(std::shared_ptr<pf::CallbackRunner> runner, py::object fn, const py::object& target,
-                           py::object release) {
+                           py::object release, bool callbacksAdded) {
   auto callback = pf::sharedPyObject(std::move(fn));
   if (!settling) settling = std::make_shared<Settling>();
-  c10::intrusive_ptr<c10::ivalue::Future> plain;
   std::shared_ptr<py::object> references;
   if (!target.is_none()) {
-    plain = py::cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>(target)->fut;
+    settling->target = py::cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>(target)->fut;
     references = pf::sharedPyObject(std::move(release));
   }
+  if (callbacksAdded) settling->callbacks.store(kAdded);
   // Mutable: the Python objects move on to the runner, so their last
   // reference is never dropped here, on the I/O thread, which must not wait
   // for the GIL.
-  future->addCallback([runner, callback = std::move(callback), s = settling, plain,
+  future->addCallback([runner, callback = std::move(callback), s = settling,
                        references = std::move(references)](c10::ivalue::Future& done) mutable {
     if (s->claimed.exchange(true)) {
       runner->discard(std::move(callback));
-    } else if (plain && !done.hasError() && !torchrpc::jit_ops::containsRRef(done.constValue())) {
-      auto task = [s, plain, value = done.constValue()]() mutable {
-        if (!s->settled.exchange(true)) plain->markCompleted(std::move(value));
+    } else if (s->target && !done.hasError() && !torchrpc::jit_ops::containsRRef(done.constValue())) {
+      auto task = [s, value = done.constValue()]() mutable {
+        if (s->settled.exchange(true)) return;
+        int state = kNone;
+        if (s->callbacks.compare_exchange_strong(state, kCompleting)) {
+          s->target->markCompleted(std::move(value));
+        } else {
+          pf::Gil gil;  // Python callbacks: Python cannot add more while they start
+          s->target->markCompleted(std::move(value));
+        }
       };
       runner->post(std::move(task), std::move(callback), std::move(references));
     } else {

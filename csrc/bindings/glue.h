@@ -42,9 +42,16 @@ struct Call {
   // (claimAndWait) or, when the call completes first, the callback runner.
   // `settled`: the one completion of the Python future, by the first of the
   // waiting thread, the runner's Python callback and its native completion.
+  // `callbacks`: whether the Python future has Python callbacks (Python
+  // adds them through callbacksComing()). Without, the runner completes it
+  // without the GIL; with, under the GIL, so that callbacks added while it
+  // completes run in the order they were added, as before.
+  enum Callbacks : int { kNone, kAdded, kCompleting };
   struct Settling {
     std::atomic<bool> claimed{false};
     std::atomic<bool> settled{false};
+    std::atomic<int> callbacks{kNone};
+    c10::intrusive_ptr<c10::ivalue::Future> target;  // the Python future, when completed natively
   };
   std::shared_ptr<Settling> settling;
 
@@ -72,15 +79,20 @@ struct Call {
   // Whether this thread settles the Python future (once per call).
   bool takeSettle() const { return settling && !settling->settled.exchange(true); }
 
+  // Python is about to add a callback to the Python future: from now on the
+  // runner completes it under the GIL. If the runner is completing it
+  // without, returns once it has (the callback then runs at once, in order).
+  void callbacksComing() const;
+
   // fn() runs on the runner's thread, under the GIL, once the call is done,
   // unless a waiting thread claimed the call first (claimAndWait). With a
   // `target` (a torch.futures.Future, or None), a value that needs no
   // conversion (no RRef in it) completes target there without the GIL
   // instead, unless a thread took the settling over first (takeSettle); the
   // list `release` is then emptied later, under the GIL (what fn would have
-  // dropped).
+  // dropped). `callbacksAdded`: target has Python callbacks already.
   void addDoneCallback(std::shared_ptr<pf::CallbackRunner> runner, py::object fn, const py::object& target,
-                       py::object release);
+                       py::object release, bool callbacksAdded);
 };
 
 // A call message built by the caller, sent once (Agent.send or RRefContext.remote).

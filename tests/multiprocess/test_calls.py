@@ -371,6 +371,22 @@ def test_a_future_completed_without_python_lets_go_of_the_call_arguments():
     assert alive() is None, "a completed rpc_async still holds its argument"
 
 
+@pytest.mark.parametrize("fn, args", [(funcs.add, (torch.ones(2), torch.ones(2))), (torch.add, (torch.ones(2), 1))],
+                         ids=["script", "builtin"])
+def test_callbacks_run_in_the_order_they_were_added_when_the_call_completes_between_them(fn, args):
+    # Upstream's test_add_done_callback relies on it: the first callback
+    # waits for the GIL on the callback thread, which must not let the
+    # second, added after completion and so run at once, overtake it.
+    ran = []
+    fut = rpc.rpc_async("worker1", fn, args=args)
+    fut.add_done_callback(lambda f: ran.append("first"))
+    deadline = time.monotonic() + 10
+    while not fut.done() and time.monotonic() < deadline:
+        pass  # holds the GIL while the call completes
+    fut.then(lambda f: ran.append("second")).wait()
+    assert ran == ["first", "second"]
+
+
 def test_callbacks_added_before_completion_run_on_the_torchrpc_thread():
     threads = []
     fut = rpc.rpc_async("worker1", funcs.sleep, args=(0.2,))
