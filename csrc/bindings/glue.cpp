@@ -46,6 +46,8 @@ void Call::callbacksComing() const {
   if (!settling) return;
   int state = kNone;
   if (settling->callbacks.compare_exchange_strong(state, kAdded) || state != kCompleting) return;
+  // Bounded: the runner is inside markCompleted, which marks the future
+  // done before it runs the (native) callbacks.
   py::gil_scoped_release nogil;
   settling->target->wait();
 }
