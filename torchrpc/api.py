@@ -113,7 +113,6 @@ def is_available():
     return True
 
 
-@require_initialized
 def rpc_sync(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIMEOUT):
     """Runs ``func(*args, **kwargs)`` on worker `to` and returns its result.
 
@@ -153,7 +152,6 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIMEO
     return dispatch.invoke("rpc_sync", to, func, args, kwargs, timeout).wait()
 
 
-@require_initialized
 def rpc_async(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIMEOUT):
     """Like :func:`rpc_sync`, but returns at once with a ``torch.futures.Future``.
 
@@ -172,7 +170,9 @@ def rpc_async(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIME
         tensor([4., 4.])
     """
     fut = dispatch.invoke("rpc_async", to, func, args, kwargs, timeout).future()
-    futures = getattr(_thread_local_var, "future_list", None)
+    # Read from this thread's __dict__: getattr with a default would build
+    # an AttributeError on every call outside the block.
+    futures = _thread_local_var.__dict__.get("future_list")
     if futures is not None:  # inside `with _wait_all()`
         futures.append(fut)
     return fut
@@ -196,7 +196,6 @@ def _wait_all():
             del _thread_local_var.future_list
 
 
-@require_initialized
 def remote(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIMEOUT):
     """Runs ``func(*args, **kwargs)`` on worker `to`, which keeps the result;
     returns an :class:`RRef` to it at once.

@@ -87,7 +87,27 @@ def _start(callee, call_kind, session, dst, args, kwargs, seconds, again=False):
 
 def classify(call_kind, func):
     """The callee kind of `func`: a TorchScript function (by name or object),
-    then a builtin operator, then any other callable."""
+    then a builtin operator, then any other callable. A TorchScript function's
+    and a builtin's are kept, by the object's identity, so that the next call
+    of it pays one lookup."""
+    entry = _classified.get(id(func))
+    if entry is not None and entry[0] is func and entry[2] == state.callees_generation:
+        return entry[1]
+    callee = _classify(call_kind, func)
+    if isinstance(callee, (_Script, _Builtin)):
+        if len(_classified) >= _MAX_CLASSIFIED:  # functions made on the fly: keep no more than this
+            _classified.clear()
+        _classified[id(func)] = (func, callee, state.callees_generation)
+    return callee
+
+
+# id(func) -> (func, its callee, state.callees_generation then). The
+# entry holds func, so its id stays its own.
+_classified = {}
+_MAX_CLASSIFIED = 1024
+
+
+def _classify(call_kind, func):
     if isinstance(func, str):
         return _Named(func)
     if isinstance(func, torch.jit.ScriptFunction):
@@ -147,13 +167,14 @@ class _Script(_Callee):
     and resent once with its code if the callee lacks it (shipped_code);
     remote() sends the name only."""
 
-    __slots__ = ("name", "module")
+    __slots__ = ("name", "module", "is_async")
     resends = True
 
     def __init__(self, fn):
         super().__init__(fn)
         explicit = state.script_name(fn)
         self.name, self.module = (explicit, "") if explicit is not None else python_fallback.script_reference(fn)
+        self.is_async = functions.is_async_execution(fn)
 
     def build(self, call_kind, dst, args, kwargs, remote, again):
         fn = self.target
@@ -162,8 +183,7 @@ class _Script(_Callee):
         else:
             shipped = shipped_code.with_code(fn, dst.id) if again else shipped_code.reference(fn, dst.id)
         try:
-            message = native().script_message(self.name, self.module, fn, args, kwargs, shipped,
-                                              functions.is_async_execution(fn))
+            message = native().script_message(self.name, self.module, fn, args, kwargs, shipped, self.is_async)
         except TypeError as err:  # the schema refused the arguments
             raise errors.ScriptArgumentError(str(err)) from None
         return message, self.name, ()

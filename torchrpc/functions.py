@@ -25,6 +25,8 @@ import functools
 
 import torch
 
+from torchrpc import state
+
 _MARK = "_torchrpc_async_execution"
 
 
@@ -34,6 +36,7 @@ def async_execution(fn):
         # The callee chains its Future in C++; one that returns anything else
         # fails when called (as upstream), so a module that never calls it imports.
         setattr(fn, _MARK, True)
+        state.callees_changed()
         return fn
 
     @functools.wraps(fn)

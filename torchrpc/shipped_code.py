@@ -22,6 +22,7 @@ PACKAGE_FORMAT = "aoti-package/1"  # must match kShippedPackageFormat
 _lock = threading.Lock()
 _code = weakref.WeakKeyDictionary()  # ScriptFunction or ExportedProgram -> (format, sha1, uint8 tensor)
 _shipped_to = weakref.WeakKeyDictionary()  # the same -> ranks that needed its code
+_any_shipped = False  # whether _shipped_to was ever filled (cheaper to test than its length)
 
 
 def _code_of(fn):
@@ -42,7 +43,7 @@ def _code_of(fn):
 def reference(fn, rank):
     """What a call of fn on `rank` carries: None (call by name) until that
     callee once lacked fn, then (format, sha1, None)."""
-    if not _shipped_to:  # the common case: no callee ever lacked a function
+    if not _any_shipped:  # the common case: no callee ever lacked a function
         return None
     with _lock:
         if rank not in _shipped_to.get(fn, ()):
@@ -66,9 +67,11 @@ def shipped(fn, rank):
 
 def with_code(fn, rank):
     """The shipped tuple with the code, for a callee that lacks it."""
+    global _any_shipped
     entry = _code_of(fn)
     with _lock:
         _shipped_to.setdefault(fn, set()).add(rank)
+        _any_shipped = True
     return entry
 
 

@@ -159,6 +159,14 @@ _session = None
 # Held by init_rpc and shutdown while they install, close or clear the session.
 lock = threading.Lock()
 _script_names = {}  # ScriptFunction or ScriptModule -> name given to torchrpc.register
+# Changes whenever register() or async_execution() changes what a caller
+# derives from a function (torchrpc.dispatch caches that by function).
+callees_generation = 0
+
+
+def callees_changed():
+    global callees_generation
+    callees_generation += 1
 _exported = {}  # name given to torchrpc.register -> (package path, signature override)
 
 
@@ -222,6 +230,7 @@ def callbacks():
 def register_script(name, fn):
     """Records the name callers use for `fn`, and tells the running agent."""
     _script_names[fn] = name
+    callees_changed()
     session = _session
     if session is not None:
         session.agent.register_script(name, fn)
