@@ -93,6 +93,10 @@ class Session:
     def resolve(self, to, call):
         """The WorkerInfo of `to` (a name, a rank or a WorkerInfo); `call`
         names the API function in the error."""
+        if type(to) is str and not self.dynamic:  # the common case, in one lookup
+            info = self._by_name.get(to)
+            if info is not None:
+                return info
         by_rank, by_name = self._table()
         if isinstance(to, WorkerInfo):
             if by_rank.get(to.id) == to:
