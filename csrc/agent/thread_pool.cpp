@@ -72,6 +72,10 @@ void ThreadPool::work() {
   bool lastTaskLong = false;  // this thread's last task ran for kLongTask or more
   common::AdaptiveSpin spin;          // polls after short tasks
   common::AdaptiveSpin afterLong(1);  // polls after long tasks: kBusySpin outlasts any round trip
+  // This thread's place on the stack of sleepers, alive as long as the
+  // thread: run() notifies it after unlocking, when a spurious wake-up may
+  // have let this thread go on already.
+  Sleeper me;
   while (true) {
     std::function<void()> task;
     // Idle threads poll for the next task before they sleep; polling saves
@@ -115,7 +119,7 @@ void ThreadPool::work() {
         CoreSpread::leave();  // a sleeper holds no core
         // Sleep on the stack of idle threads: run() wakes the one that went
         // to sleep last (see sleepers_).
-        Sleeper me;
+        me.woken = false;
         sleepers_.push_back(&me);
         me.cv.wait(lock, [&] { return me.woken || stopping_.load(); });
         if (!me.woken) sleepers_.erase(std::find(sleepers_.begin(), sleepers_.end(), &me));
