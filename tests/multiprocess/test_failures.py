@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import torchrpc as rpc
-from tests.multiprocess import funcs, raw_peer
+from tests.multiprocess import funcs, probes, raw_peer
 from tests.multiprocess.cluster import Cluster
 
 MAGIC = 0x43505254
@@ -116,7 +116,7 @@ def test_slow_reader_makes_the_sender_wait(job):
 
     chunk = torch.ones(16 << 20, dtype=torch.uint8)  # 16 MB
     pid = job.procs[1].pid
-    os.kill(pid, signal.SIGSTOP)
+    probes.stop(pid)
     resume = threading.Timer(1.5, os.kill, args=(pid, signal.SIGCONT))
     try:
         resume.start()

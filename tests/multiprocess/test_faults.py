@@ -9,8 +9,6 @@ nothing for that long is closed with an error naming the peer and saying
 it stopped responding."""
 
 import gc
-import os
-import signal
 import subprocess
 import threading
 import time
@@ -130,7 +128,7 @@ def test_sigkill_mid_rref_fork_releases_the_owners_value(job):
     rref = rpc.remote("worker1", rref_funcs.Tracked, args=("forked", torch.ones(2)))
     assert rref.to_here().payload.sum() == 2
     pid = job.procs[4].pid
-    os.kill(pid, signal.SIGSTOP)  # the fork is sent but never accepted
+    probes.stop(pid)  # the fork is sent but never accepted (kill() alone only starts the stop)
     try:
         fut = rpc.rpc_async("worker4", rref_funcs.store_rref, args=("forked", rref))
         time.sleep(0.3)
