@@ -1,8 +1,11 @@
-"""Test-wide fixtures: every hung test shows every rank's stack; one
-AOTInductor package cache for the session."""
+"""Test-wide fixtures: every hung test shows every rank's stack; a module
+leaves no torchrpc session running; one AOTInductor package cache for the
+session."""
 
 import pytest
 
+import torchrpc
+from torchrpc import state
 from tests.multiprocess import cluster
 
 
@@ -13,6 +16,18 @@ def _stacks_before_timeout(request):
     limit = cluster.test_timeout(request.node)
     with cluster.watchdog(limit * 0.85 if limit else None):
         yield
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_session_left():
+    """A module whose teardown failed may leave this process's session
+    running, and every later init_rpc here would fail on it: stopped here,
+    and reported as this module's error."""
+    yield
+    session = state.current()
+    if session is not None:
+        torchrpc.shutdown(graceful=False)
+        pytest.fail(f"this module left torchrpc running as {session.me.name!r}; stopped it (graceful=False)")
 
 
 @pytest.fixture(scope="session")

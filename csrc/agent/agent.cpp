@@ -3,8 +3,10 @@
 #include <ATen/ops/from_blob.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
+#include <thread>
 
 #include "agent/core_spread.h"
 #include "common/error.h"
@@ -382,6 +384,27 @@ void Agent::onMessageFromLoop(const std::shared_ptr<transport::Connection>& conn
 
 size_t Agent::waitPending(double timeoutSeconds) {
   return pending_.waitEmpty(deadlineAfter(timeoutSeconds));
+}
+
+size_t Agent::quiesce(double timeoutSeconds) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(std::max(0.0, timeoutSeconds)));
+  while (true) {
+    bool quiet = true;
+    size_t unanswered = 0;
+    {
+      std::lock_guard<std::mutex> lock(connectionsMutex_);
+      for (const auto& kv : connections_) {
+        quiet = kv.second->quiet() && quiet;
+        unanswered += kv.second->unanswered();
+      }
+    }
+    if (quiet) return 0;
+    // Polled: only a graceful shutdown waits here, and for a few responses.
+    if (std::chrono::steady_clock::now() >= deadline) return std::max<size_t>(unanswered, 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 void Agent::shutdown() {

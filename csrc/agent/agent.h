@@ -135,6 +135,11 @@ class Agent : public std::enable_shared_from_this<Agent> {
 
   // Waits until no call of this worker is pending; returns how many still are.
   size_t waitPending(double timeoutSeconds);
+  // Waits until every connection is quiet (Connection::quiet: what peers
+  // asked of this worker is answered and written), up to timeoutSeconds;
+  // returns how many requests are still unanswered then (0 once quiet).
+  // A graceful shutdown calls it before its GOODBYE.
+  size_t quiesce(double timeoutSeconds);
   // Stops serving: GOODBYE to every peer, fails what is pending, joins threads.
   void shutdown();
 

@@ -77,8 +77,7 @@ common::Fallible<std::shared_ptr<transport::Connection>> Agent::connectionTo(con
     std::lock_guard<std::mutex> lock(state.mutex);
     if (state.conn && !state.conn->closed()) return {state.conn, common::Error()};
   }
-  bool local = !p.hostId.empty() && p.hostId == options_.hostId;
-  const std::string& address = local ? p.unixAddress : p.tcpAddress;
+  const std::string& address = p.addressFrom(options_.hostId);
   double connectTimeout = timeoutSeconds > 0 ? std::min(timeoutSeconds, 30.0) : 30.0;
   auto fd = transport::connectTo(address, connectTimeout);
   if (fd.error) return {nullptr, fd.error};

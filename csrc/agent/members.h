@@ -29,6 +29,12 @@ struct PeerInfo {
   std::string tcpAddress;
   std::string unixAddress;
   std::string hostId;
+
+  // Where a worker on host `fromHost` reaches it: its Unix socket on the same
+  // host, else TCP.
+  const std::string& addressFrom(const std::string& fromHost) const {
+    return !hostId.empty() && hostId == fromHost ? unixAddress : tcpAddress;
+  }
 };
 
 // The connection this agent sends its requests to one peer on (one at a time).

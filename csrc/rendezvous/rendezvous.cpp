@@ -27,6 +27,7 @@ agent::PeerInfo decode(const std::vector<uint8_t>& bytes, int expectedRank) {
 
 constexpr char kKindKey[] = "torchrpc/kind";
 constexpr auto kTokenPoll = std::chrono::milliseconds(10);
+constexpr auto kTokenProbe = std::chrono::seconds(1);  // how often a waiter asks whether the holder still runs
 
 std::vector<std::string> keysFor(const std::string& prefix, int worldSize) {
   std::vector<std::string> keys;
@@ -83,17 +84,25 @@ void Rendezvous::releaseKind() {
   (void)root_->compareSet(kKindKey, bytesOf(dynamic() ? "dynamic" : "static"), {});
 }
 
-void Rendezvous::lockMembership(const std::string& holder) {
-  const auto deadline = std::chrono::steady_clock::now() + store_->getTimeout();
+std::string Rendezvous::lockMembership(const std::string& holder,
+                                       const std::function<bool(const std::string&)>& alive) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + store_->getTimeout();
+  auto nextProbe = start + kTokenProbe;
   while (true) {
     auto got = store_->compareSet("token", {}, bytesOf(holder));
     const std::string now(got.begin(), got.end());
-    if (now == holder) return;
+    if (now == holder) return "";
+    if (std::chrono::steady_clock::now() >= nextProbe) {
+      // Replaced only if it still holds it: one waiter takes it over.
+      if (!alive(now) && store_->compareSet("token", got, bytesOf(holder)) == bytesOf(holder)) return now;
+      nextProbe = std::chrono::steady_clock::now() + kTokenProbe;
+    }
     if (std::chrono::steady_clock::now() >= deadline) {
-      C10_THROW_ERROR(DistStoreError, "cannot join or leave the job: " + now + " has been joining or leaving it for " +
-                                          "longer than the rendezvous timeout (" +
+      C10_THROW_ERROR(DistStoreError, "cannot join or leave the job: " + now.substr(0, now.find('\n')) +
+                                          " has been joining or leaving it for longer than the rendezvous timeout (" +
                                           std::to_string(store_->getTimeout().count() / 1000.0) +
-                                          " s); if it died meanwhile, start the job's store afresh");
+                                          " s) and still answers connections");
     }
     std::this_thread::sleep_for(kTokenPoll);
   }

@@ -80,7 +80,11 @@ class Rendezvous {
   // ---- dynamic jobs, see worker/membership.h ----
   // Takes the job's membership token as `holder` (one worker joins or leaves
   // at a time), waiting up to the store's timeout; throws naming the holder.
-  void lockMembership(const std::string& holder);
+  // Once a second, `alive(token)` is asked whether the token's holder still
+  // runs: a holder that died with it (killed while joining or leaving) would
+  // block every later join and leave, so it is taken over. Returns the token
+  // taken over, or "".
+  std::string lockMembership(const std::string& holder, const std::function<bool(const std::string&)>& alive);
   void unlockMembership();
   // The records of the workers in the job now, by rank.
   std::vector<agent::PeerInfo> members();

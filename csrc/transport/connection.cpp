@@ -246,6 +246,11 @@ bool Connection::closed() const {
   return closed_;
 }
 
+bool Connection::quiet() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return closed_ || (ticketsOut_.load() == 0 && !admissionWaits_.load() && queue_.empty() && lent_.empty());
+}
+
 bool Connection::acceptsWithoutWaiting(uint64_t bytes) const {
   std::lock_guard<std::mutex> lock(mutex_);
   return !closed_ && queuedBytes_ + lentBytes_ + bytes <= kMaxQueuedBytes / 2;

@@ -124,6 +124,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint64_t id() const { return id_; }
   const std::string& description() const { return description_; }
   bool closed() const;
+  // Closed, or nothing of the peer's waits on this end: every request read
+  // was answered and its response written, none is parked, and the peer
+  // copied every tensor lent to it. A graceful shutdown waits for this.
+  bool quiet() const;
+  // Requests read and not answered yet (their tickets).
+  size_t unanswered() const { return ticketsOut_.load(); }
   // Open, and a send of `bytes` now would not wait for the peer to read.
   bool acceptsWithoutWaiting(uint64_t bytes) const;
 

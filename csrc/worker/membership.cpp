@@ -1,9 +1,14 @@
 #include "worker/membership.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "common/error.h"
 #include "common/logging.h"
+#include "transport/socket.h"
 
 namespace torchrpc::worker {
 
@@ -38,10 +43,44 @@ void Membership::unlock() {
   rendezvous_.unlockMembership();
 }
 
+void Membership::lock(const std::string& doing) {
+  // The token names its holder, then carries its record: a waiter probes it there.
+  const std::string label = me_.name + " (rank " + std::to_string(me_.rank) + ") " + doing;
+  std::string tookOver = rendezvous_.lockMembership(label + "\n" + rendezvous::encodePeer(me_),
+                                                    [this](const std::string& token) { return holderRuns(token); });
+  locked_ = true;
+  if (!tookOver.empty()) {
+    TORCHRPC_WARN(me_.name, "took over the job's membership token from " << tookOver.substr(0, tookOver.find('\n'))
+                                                                         << ", which no longer accepts connections: it "
+                                                                         << "died while joining or leaving");
+  }
+}
+
+bool Membership::holderRuns(const std::string& token) const {
+  const auto newline = token.find('\n');
+  if (newline == std::string::npos) return true;  // no record to probe: wait for it
+  agent::PeerInfo holder;
+  try {
+    holder = rendezvous::decodePeer(token.substr(newline + 1), "the job's membership token");
+  } catch (const std::exception&) {
+    return true;
+  }
+  // A holder listens until it gives the token back. Two tries: one refused
+  // connection must not end a live holder's turn.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto fd = transport::connectTo(holder.addressFrom(me_.hostId), kProbeSeconds);
+    if (!fd.error) {
+      ::close(fd.value);
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
 std::vector<agent::PeerInfo> Membership::enter(const agent::PeerInfo& me) {
   me_ = me;
-  rendezvous_.lockMembership(me.name + " (rank " + std::to_string(me.rank) + ") joining");
-  locked_ = true;
+  lock("joining");
   rendezvous_.claimKind();
   auto peers = rendezvous_.members();
   for (const auto& p : peers) {
@@ -130,8 +169,7 @@ void Membership::announce(double timeoutSeconds) {
 }
 
 std::exception_ptr Membership::leave(double timeoutSeconds) {
-  rendezvous_.lockMembership(me_.name + " (rank " + std::to_string(me_.rank) + ") leaving");
-  locked_ = true;
+  lock("leaving");
   std::vector<int> members;
   for (const auto& p : agent_->members().list()) {
     if (p.rank != me_.rank) members.push_back(p.rank);

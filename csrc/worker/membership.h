@@ -14,6 +14,9 @@
 //              for every answer; list this worker; give the token back.
 //              A member that refuses connections died without leaving: it is
 //              dropped from the list, with a warning.
+// The token: one holder at a time, its record in the token's value. A worker
+// that died holding it (killed while joining or leaving) would block every
+// later join and leave; a waiter that finds its listener gone takes it over.
 // Leave (graceful shutdown): take the token; send each member MEMBER_LEAVE,
 // whose handler removes this worker from its table (later calls to it fail
 // naming it); unlist it (the last one gives the store's kind back); give the
@@ -52,6 +55,11 @@ class Membership {
   // ranks that answered, and in *failure the first error of the others.
   std::vector<int> tell(message::MessageType type, const std::vector<int>& ranks, double timeoutSeconds,
                         std::exception_ptr* failure);
+  // Takes the job's token, saying what this worker does with it; takes it
+  // over from a holder that died (holderRuns).
+  void lock(const std::string& doing);
+  // Whether the holder of `token` (its value in the store) still accepts connections.
+  bool holderRuns(const std::string& token) const;
   void unlock();
 
   const std::shared_ptr<agent::Agent> agent_;

@@ -222,8 +222,17 @@ Worker::StopReport Worker::stop(bool graceful, double timeoutSeconds) {
   stopped_ = true;
   StopReport report;
   if (graceful) {
+    const auto started = std::chrono::steady_clock::now();
     report.failure = membership_ ? leaveDynamic(timeoutSeconds, &report.leaked)
                                  : leaveGracefully(timeoutSeconds, &report.leaked);
+    // What peers asked of this worker is answered before its GOODBYE closes
+    // the connections: a dynamic job's members may call it until it left
+    // (the last call may be the one that asked it to stop).
+    if (size_t unanswered = agent_->quiesce(timeoutSeconds - secondsSince(started))) {
+      TORCHRPC_WARN(agent_->options().name, "shutdown: " << unanswered << " request(s) from other workers still "
+                                                         << "unanswered after " << timeoutSeconds
+                                                         << " s; their callers get an error naming this worker");
+    }
   }
   peerWatch_->stop();
   agent_->shutdown();

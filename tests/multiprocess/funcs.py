@@ -279,6 +279,14 @@ def serve_main_thread(limit):
         task()
 
 
+def main_thread_runs(timeout=30.0):
+    """Whether the worker's main thread runs tasks (so its init_rpc returned)
+    within `timeout` seconds."""
+    ran = threading.Event()
+    _main_tasks.put(ran.set)
+    return ran.wait(timeout)
+
+
 def stop_worker(graceful):
     _main_tasks.put(bool(graceful))
 

@@ -12,6 +12,7 @@ tests run in order against one job, each adding or removing workers.
 import datetime
 import os
 import shutil
+import signal
 import tempfile
 import time
 
@@ -20,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 import torchrpc as rpc
-from tests.multiprocess import funcs
+from tests.multiprocess import funcs, probes
 from tests.multiprocess.cluster import free_port, spawn, worker_command
 
 JOIN_TIMEOUT = 60.0
@@ -69,12 +70,15 @@ def names_now():
     return [w.name for w in rpc.api._get_current_rpc_agent().get_worker_infos()]
 
 
-def wait_for_members(expected, timeout=JOIN_TIMEOUT):
+def wait_for_members(expected, timeout=JOIN_TIMEOUT, job=None, joiner=None):
     """Waits until this worker's table lists exactly `expected` (a worker's
-    init_rpc returns once every member knows it, so this ends as it does)."""
+    init_rpc returns once every member knows it, so this ends as it does).
+    A failure shows the log of `joiner`, the worker of `job` expected to join."""
     deadline = time.monotonic() + timeout
     while names_now() != expected:
-        assert time.monotonic() < deadline, f"members: {names_now()}, waited for {expected}"
+        if time.monotonic() >= deadline:
+            log = f"\n{joiner}'s log:\n{job.log(joiner)}" if joiner else ""
+            raise AssertionError(f"members: {names_now()}, waited for {expected}{log}")
         time.sleep(0.02)
 
 
@@ -91,9 +95,14 @@ def job():
         else:
             os.environ["TORCHRPC_PEER_GRACE_SECONDS"] = saved
         yield j
-        for name, proc in j.procs.items():
-            if proc.poll() is None:
-                assert j.stop(name) == 0, j.log(name)
+        try:
+            for name, proc in j.procs.items():
+                if proc.poll() is None:
+                    assert j.stop(name) == 0, j.log(name)
+        except BaseException:
+            # A session left running here would fail every later test of this process.
+            rpc.shutdown(graceful=False)
+            raise
         rpc.shutdown()
     finally:
         j.kill_all()
@@ -125,8 +134,11 @@ def test_every_member_learns_of_a_later_worker(job):
 
 def test_a_worker_leaves_alone_and_calls_to_it_fail_naming_it(job):
     departed = rpc.get_worker_info("worker2")
+    running = rpc.rpc_async("worker2", funcs.sleep, args=(1.0,))
     # its graceful shutdown waits for nobody: worker0 and worker1 keep running
     assert job.stop("worker2") == 0, job.log("worker2")
+    # but it answers what it was asked before it says goodbye
+    assert running.wait() == 1.0
     assert names_now() == ["worker0", "worker1"]
     assert rpc.rpc_sync("worker1", funcs.worker_names) == ["worker0", "worker1"]
     for to in ("worker2", 2, departed):
@@ -156,6 +168,9 @@ def test_a_worker_that_left_can_join_again(job):
 def test_a_worker_that_died_is_dropped_by_the_members_and_by_the_next_joiner(job):
     job.join(3)
     wait_for_members(["worker0", "worker1", "worker2", "worker3"])
+    # Members know of a joiner before its init_rpc returns: wait for that, so
+    # that it dies a listed member (the next test kills one while it joins).
+    assert rpc.rpc_sync("worker3", funcs.main_thread_runs)
     job.procs["worker3"].kill()
     job.procs["worker3"].wait(timeout=10)
     # this worker lost its connection to worker3 without a goodbye: after the
@@ -166,9 +181,35 @@ def test_a_worker_that_died_is_dropped_by_the_members_and_by_the_next_joiner(job
     # worker3 is still listed in the store: the next worker to join finds it
     # unreachable and drops it from the list, and joins
     job.join(4)
-    wait_for_members(["worker0", "worker1", "worker2", "worker4"])
+    wait_for_members(["worker0", "worker1", "worker2", "worker4"], job=job, joiner="worker4")
     assert rpc.rpc_sync("worker4", funcs.worker_names) == ["worker0", "worker1", "worker2", "worker4"]
     assert "dropping rank 3 from the job's members" in job.log("worker4")
+
+
+def test_a_worker_killed_while_it_joins_blocks_no_later_join(job):
+    # The joiner takes the job's membership token, then waits for every
+    # member's answer: with worker1 stopped, worker5 holds it while it dies.
+    store = dist.TCPStore("127.0.0.1", job.port, is_master=False, timeout=datetime.timedelta(seconds=30))
+    worker1 = job.procs["worker1"].pid
+    probes.stop(worker1)
+    try:
+        job.join(5)
+        deadline = time.monotonic() + JOIN_TIMEOUT
+        while not store.get("torchrpc/dynamic/token").startswith(b"worker5 (rank 5) joining"):
+            assert time.monotonic() < deadline, job.log("worker5")
+            time.sleep(0.02)
+        job.procs["worker5"].kill()
+        job.procs["worker5"].wait(timeout=10)
+    finally:
+        os.kill(worker1, signal.SIGCONT)
+    # The next joiner finds the holder gone and takes the token over.
+    started = time.monotonic()
+    job.join(6)
+    wait_for_members(["worker0", "worker1", "worker2", "worker4", "worker6"], job=job, joiner="worker6")
+    assert time.monotonic() - started < 30  # not the store's timeout
+    assert "took over the job's membership token from worker5 (rank 5) joining" in job.log("worker6")
+    assert rpc.rpc_sync("worker6", funcs.worker_names)[-1] == "worker6"
+    assert torch.equal(rpc.rpc_sync("worker1", funcs.call, args=("worker6", torch.add, (ONE, 6))), ONE + 6)
 
 
 def test_a_static_worker_cannot_join_a_dynamic_job(job):
