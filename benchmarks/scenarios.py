@@ -229,7 +229,7 @@ def rrefs(rpc, to, cfg):
     out["proxy_us"] = _measure.summarize([s * 1e6 for s in samples])
     del rref, counter
     gc.collect()
-    time.sleep(0.5)  # let deletions reach the owner
+    _settle(rpc, to, 0)  # the deletions reached the owner
 
     def owner_state():
         return (rpc.rpc_sync(to, remote_fns.rss_bytes), rpc.rpc_sync(to, remote_fns.owner_rref_count))
@@ -238,9 +238,11 @@ def rrefs(rpc, to, cfg):
     start = time.perf_counter()
     _churn(rpc, to, x, cfg["rref_churn"])
     churn_s = time.perf_counter() - start
+    _settle(rpc, to, live_before)
     rss_after, live_after = owner_state()
     # A second churn shows a leak apart from the allocator's first growth.
     _churn(rpc, to, x, cfg["rref_churn"])
+    _settle(rpc, to, live_before)
     rss_again, live_again = owner_state()
     out["churn"] = {"rrefs": cfg["rref_churn"], "seconds": churn_s,
                     "owner_rss_growth_mb": (rss_after - rss_before) / 1e6,
@@ -251,14 +253,20 @@ def rrefs(rpc, to, cfg):
 
 
 def _churn(rpc, to, x, count):
-    """`count` RRefs created and dropped, in batches; returns once the owner
-    has had time to see the deletions."""
+    """`count` RRefs created and dropped, in batches."""
     import gc
 
     for _ in range(count // 100):
         _create_and_drop(rpc, to, x, 100)
     gc.collect()
-    time.sleep(1.0)
+
+
+def _settle(rpc, to, live, timeout=5.0):
+    """Returns once the owner holds at most `live` owner RRefs (the deletions
+    reached it), or after `timeout` seconds (a leak: the report shows it)."""
+    deadline = time.monotonic() + timeout
+    while rpc.rpc_sync(to, remote_fns.owner_rref_count) > live and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _create_and_drop(rpc, to, x, n):
