@@ -237,8 +237,8 @@ def rrefs(rpc, to, cfg):
     rss_before, live_before = owner_state()
     start = time.perf_counter()
     _churn(rpc, to, x, cfg["rref_churn"])
+    _settle(rpc, to, live_before)  # timed too: until the owner freed them
     churn_s = time.perf_counter() - start
-    _settle(rpc, to, live_before)
     rss_after, live_after = owner_state()
     # A second churn shows a leak apart from the allocator's first growth.
     _churn(rpc, to, x, cfg["rref_churn"])
