@@ -84,8 +84,29 @@ void Rendezvous::releaseKind() {
   (void)root_->compareSet(kKindKey, bytesOf(dynamic() ? "dynamic" : "static"), {});
 }
 
-std::string Rendezvous::lockMembership(const std::string& holder,
-                                       const std::function<bool(const std::string&)>& alive) {
+namespace {
+
+// The label part of a membership token ("worker5 (rank 5) joining").
+std::string tokenLabel(const std::string& token) { return token.substr(0, token.find('\n')); }
+
+// Whether the holder of `token` runs; a token without a readable record is waited for.
+bool tokenHolderRuns(const std::string& token, const std::function<bool(const agent::PeerInfo&)>& runs) {
+  const auto newline = token.find('\n');
+  if (newline == std::string::npos) return true;
+  agent::PeerInfo holder;
+  try {
+    holder = decodePeer(token.substr(newline + 1), "the job's membership token");
+  } catch (const c10::Error&) {
+    return true;
+  }
+  return runs(holder);
+}
+
+}  // namespace
+
+std::string Rendezvous::lockMembership(const agent::PeerInfo& me, const std::string& doing,
+                                       const std::function<bool(const agent::PeerInfo&)>& runs) {
+  const std::string holder = me.name + " (rank " + std::to_string(me.rank) + ") " + doing + "\n" + encodePeer(me);
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + store_->getTimeout();
   auto nextProbe = start + kTokenProbe;
@@ -95,11 +116,13 @@ std::string Rendezvous::lockMembership(const std::string& holder,
     if (now == holder) return "";
     if (std::chrono::steady_clock::now() >= nextProbe) {
       // Replaced only if it still holds it: one waiter takes it over.
-      if (!alive(now) && store_->compareSet("token", got, bytesOf(holder)) == bytesOf(holder)) return now;
+      if (!tokenHolderRuns(now, runs) && store_->compareSet("token", got, bytesOf(holder)) == bytesOf(holder)) {
+        return tokenLabel(now);
+      }
       nextProbe = std::chrono::steady_clock::now() + kTokenProbe;
     }
     if (std::chrono::steady_clock::now() >= deadline) {
-      C10_THROW_ERROR(DistStoreError, "cannot join or leave the job: " + now.substr(0, now.find('\n')) +
+      C10_THROW_ERROR(DistStoreError, "cannot join or leave the job: " + tokenLabel(now) +
                                           " has been joining or leaving it for longer than the rendezvous timeout (" +
                                           std::to_string(store_->getTimeout().count() / 1000.0) +
                                           " s) and still answers connections");

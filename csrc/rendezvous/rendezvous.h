@@ -78,13 +78,15 @@ class Rendezvous {
   void releaseKind();
 
   // ---- dynamic jobs, see worker/membership.h ----
-  // Takes the job's membership token as `holder` (one worker joins or leaves
-  // at a time), waiting up to the store's timeout; throws naming the holder.
-  // Once a second, `alive(token)` is asked whether the token's holder still
-  // runs: a holder that died with it (killed while joining or leaving) would
-  // block every later join and leave, so it is taken over. Returns the token
-  // taken over, or "".
-  std::string lockMembership(const std::string& holder, const std::function<bool(const std::string&)>& alive);
+  // Takes the job's membership token for `me`, who is `doing` it ("joining",
+  // "leaving"): one worker joins or leaves at a time. Waits up to the store's
+  // timeout; throws naming the holder. The token's value is its holder's
+  // label and record; once a second, `runs(holder)` is asked whether the
+  // holder still runs: one that died with it (killed while joining or
+  // leaving) would block every later join and leave, so it is taken over.
+  // Returns the label of the holder taken over from, or "".
+  std::string lockMembership(const agent::PeerInfo& me, const std::string& doing,
+                             const std::function<bool(const agent::PeerInfo&)>& runs);
   void unlockMembership();
   // The records of the workers in the job now, by rank.
   std::vector<agent::PeerInfo> members();

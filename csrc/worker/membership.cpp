@@ -44,38 +44,27 @@ void Membership::unlock() {
 }
 
 void Membership::lock(const std::string& doing) {
-  // The token names its holder, then carries its record: a waiter probes it there.
-  const std::string label = me_.name + " (rank " + std::to_string(me_.rank) + ") " + doing;
-  std::string tookOver = rendezvous_.lockMembership(label + "\n" + rendezvous::encodePeer(me_),
-                                                    [this](const std::string& token) { return holderRuns(token); });
+  std::string tookOver =
+      rendezvous_.lockMembership(me_, doing, [this](const agent::PeerInfo& holder) { return listens(holder); });
   locked_ = true;
   if (!tookOver.empty()) {
-    TORCHRPC_WARN(me_.name, "took over the job's membership token from " << tookOver.substr(0, tookOver.find('\n'))
-                                                                         << ", which no longer accepts connections: it "
-                                                                         << "died while joining or leaving");
+    TORCHRPC_WARN(me_.name, "took over the job's membership token from " << tookOver << ", which no longer accepts "
+                                                                         << "connections: it died while joining or leaving");
   }
 }
 
-bool Membership::holderRuns(const std::string& token) const {
-  const auto newline = token.find('\n');
-  if (newline == std::string::npos) return true;  // no record to probe: wait for it
-  agent::PeerInfo holder;
-  try {
-    holder = rendezvous::decodePeer(token.substr(newline + 1), "the job's membership token");
-  } catch (const std::exception&) {
-    return true;
-  }
+bool Membership::listens(const agent::PeerInfo& holder) const {
   // A holder listens until it gives the token back. Two tries: one refused
   // connection must not end a live holder's turn.
-  for (int attempt = 0; attempt < 2; ++attempt) {
+  for (int attempt = 1;; ++attempt) {
     auto fd = transport::connectTo(holder.addressFrom(me_.hostId), kProbeSeconds);
     if (!fd.error) {
       ::close(fd.value);
       return true;
     }
+    if (attempt == 2) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  return false;
 }
 
 std::vector<agent::PeerInfo> Membership::enter(const agent::PeerInfo& me) {

@@ -56,10 +56,10 @@ class Membership {
   std::vector<int> tell(message::MessageType type, const std::vector<int>& ranks, double timeoutSeconds,
                         std::exception_ptr* failure);
   // Takes the job's token, saying what this worker does with it; takes it
-  // over from a holder that died (holderRuns).
+  // over from a holder that died (listens).
   void lock(const std::string& doing);
-  // Whether the holder of `token` (its value in the store) still accepts connections.
-  bool holderRuns(const std::string& token) const;
+  // Whether the token's holder still accepts connections.
+  bool listens(const agent::PeerInfo& holder) const;
   void unlock();
 
   const std::shared_ptr<agent::Agent> agent_;
