@@ -2,7 +2,7 @@
 // time (tests/csrc/__init__.py), never shipped. Glue only, as the shipped
 // bindings are.
 
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <cstring>
 
