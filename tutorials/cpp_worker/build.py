@@ -26,7 +26,7 @@ def build():
         return OUTPUT
     os.makedirs(os.path.dirname(OUTPUT), exist_ok=True)
     torch_lib = ext.library_paths()[0]
-    cmd = ["g++", "-std=c++20", "-O2", SOURCE, "-o", OUTPUT,
+    cmd = ["g++", "-std=c++20", "-O1", SOURCE, "-o", OUTPUT,
            "-I" + os.path.join(ROOT, "csrc"), "-I" + ROOT,
            *("-I" + p for p in ext.include_paths()),
            "-D_GLIBCXX_USE_CXX11_ABI=1",
