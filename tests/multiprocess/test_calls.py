@@ -441,14 +441,14 @@ def test_script_schema_mismatch_names_function_and_argument():
 
 def test_timeout_names_call_worker_and_limit():
     with pytest.raises(rpc.RpcTimeoutError) as info:
-        rpc.rpc_sync("worker1", funcs.sleep, args=(3,), timeout=0.3)
+        rpc.rpc_sync("worker1", funcs.sleep, args=(1,), timeout=0.3)
     text = str(info.value)
     assert "worker1" in text and "0.3" in text and "sleep" in text
-    fut = rpc.rpc_async("worker2", funcs.sleep, args=(3,), timeout=0.3)
+    fut = rpc.rpc_async("worker2", funcs.sleep, args=(1,), timeout=0.3)
     with pytest.raises(rpc.RpcTimeoutError, match="worker2"):
         fut.wait()
     assert isinstance(info.value, TimeoutError) and isinstance(info.value, RuntimeError)
-    time.sleep(3)  # let the sleepers finish before later tests use the pool
+    time.sleep(1)  # let the sleepers finish before later tests use the pool
 
 
 @pytest.mark.parametrize("to, exc, match", [
