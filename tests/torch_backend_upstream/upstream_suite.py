@@ -7,7 +7,7 @@ It holds upstream's generic classes and its TensorPipe-only ones
 (TensorPipeAgentRpcTest, TensorPipeAgentDistAutogradTest: sparse tensors,
 dynamic jobs, options): the backend is meant to pass whatever TensorPipe
 passes here. ``make test-torch-backend`` runs it all (ARGS="-k test_add" picks
-tests; ~8 minutes); ``make test`` runs a smoke subset
+tests; ~3 minutes); ``make test`` runs a smoke subset
 (test_upstream_smoke.py). Test ids match upstream's CI names with the prefix
 TorchRpc: ``TorchRpcRpcTest.test_add``.
 """
