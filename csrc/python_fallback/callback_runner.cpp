@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <iterator>
 #include <optional>
 
 #include "common/intra_op.h"
@@ -29,6 +30,10 @@ CallbackRunner::CallbackRunner() : state_(std::make_shared<State>()) {
     common::nameThisThread("rpc-callbacks");
     common::initIntraOpThreads();
     run(state);
+  });
+  releaser_ = std::thread([state = state_] {
+    common::nameThisThread("rpc-release");
+    release(state);
   });
 }
 
@@ -133,14 +138,15 @@ void CallbackRunner::run(const std::shared_ptr<State>& state) {
       batch.swap(state->queue);
       state->queued.store(0);
       // Discarded callbacks are freed under the GIL: with a batch that takes
-      // it anyway, or once kDiscardBatch have piled up, or at the end.
+      // it anyway, or by the release thread once kDiscardBatch have piled up,
+      // or at the end.
       bool python = std::any_of(batch.begin(), batch.end(), [](const Item& i) { return !i.task; });
       if (python || state->stopping || state->discarded.size() >= kDiscardBatch) discarded.swap(state->discarded);
       // Stopping, nothing left to run: from now on post() and discard() run inline.
       exit = state->stopped = batch.empty() && state->stopping;
     }
-    // The GIL from the first Python completion or discarded callback to the
-    // batch's end (runOne's acquire nests); a batch of native ones takes none.
+    // The GIL from the first Python completion to the batch's end (runOne's
+    // acquire nests); a batch of native ones takes none.
     std::optional<Gil> gil;
     for (auto& item : batch) {
       if (item.task) {
@@ -152,19 +158,54 @@ void CallbackRunner::run(const std::shared_ptr<State>& state) {
       }
     }
     // Native completions drop their references once nothing is queued (their
-    // arguments, say, should not outlive the burst of calls), or with the GIL
-    // taken anyway.
+    // arguments, say, should not outlive the burst of calls): here, with the
+    // GIL taken anyway, or else on the release thread, so that the next
+    // completion does not wait for the GIL behind them.
     bool idle = state->queued.load() == 0;
-    if (!ran.empty() && (gil || idle || exit || ran.size() >= kDiscardBatch)) {
-      if (!gil) gil.emplace();
+    if (gil) {
       for (auto& item : ran) releaseNative(item);
       ran.clear();
-    }
-    if (!discarded.empty()) {
-      if (!gil) gil.emplace();
+      discarded.clear();
+    } else if ((!ran.empty() && (idle || exit || ran.size() >= kDiscardBatch)) || !discarded.empty()) {
+      std::lock_guard<std::mutex> lock(state->mutex);
+      std::move(ran.begin(), ran.end(), std::back_inserter(state->releasing));
+      std::move(discarded.begin(), discarded.end(), std::back_inserter(state->releasingCallbacks));
+      state->releaseCv.notify_one();
+      ran.clear();
       discarded.clear();
     }
     if (exit) {
+      std::lock_guard<std::mutex> lock(state->mutex);
+      state->handedOver = true;  // the release thread drains and exits
+      state->releaseCv.notify_one();
+      state->exited.notify_all();
+      return;
+    }
+  }
+}
+
+void CallbackRunner::release(const std::shared_ptr<State>& state) {
+  while (true) {
+    std::vector<Item> items;
+    std::vector<std::shared_ptr<py::object>> callbacks;
+    bool exit = false;
+    {
+      std::unique_lock<std::mutex> lock(state->mutex);
+      state->releaseCv.wait(lock, [&] {
+        return state->handedOver || !state->releasing.empty() || !state->releasingCallbacks.empty();
+      });
+      items.swap(state->releasing);
+      callbacks.swap(state->releasingCallbacks);
+      exit = state->handedOver;
+    }
+    if (!items.empty() || !callbacks.empty()) {
+      Gil gil;
+      for (auto& item : items) releaseNative(item);
+      callbacks.clear();
+    }
+    if (exit) {
+      std::lock_guard<std::mutex> lock(state->mutex);
+      state->released = true;
       state->exited.notify_all();
       return;
     }
@@ -178,15 +219,17 @@ bool CallbackRunner::stop(double timeoutSeconds) {
   state_->cv.notify_one();
   if (thread_.get_id() == std::this_thread::get_id()) return true;  // a callback shutting down
   bool done = state_->exited.wait_for(lock, std::chrono::duration<double>(timeoutSeconds),
-                                      [&] { return state_->stopped; });
+                                      [&] { return state_->stopped && state_->released; });
   lock.unlock();
   if (done) {
     thread_.join();
+    releaser_.join();
     return true;
   }
   std::cerr << "torchrpc: rpc_async completion callbacks were still running " << timeoutSeconds
             << " s after shutdown began (a callback that does not return?); leaving them\n";
   thread_.detach();
+  releaser_.detach();
   return false;
 }
 

@@ -9,7 +9,10 @@
 // I/O thread only queues the completion here; this thread runs them in order.
 // A Python completion runs under the GIL (taken once per batch); a native one
 // (a script or builtin result, bindings/glue.h) takes no GIL, so it does not
-// stop the thread that is issuing calls. Owned by the Python state of one
+// stop the thread that is issuing calls. The Python references a native
+// completion leaves behind (its call's arguments) are dropped by a second
+// thread, "rpc-release", which takes the GIL for that: a completion queued
+// behind them never waits for the GIL. Owned by the Python state of one
 // init_rpc.
 
 #include <pybind11/pybind11.h>
@@ -74,16 +77,24 @@ class CallbackRunner {
   struct State {
     std::mutex mutex;
     std::condition_variable cv;      // work queued, or stopping
-    std::condition_variable exited;  // the thread is done
+    std::condition_variable exited;  // a thread is done
     std::deque<Item> queue;
     std::vector<std::shared_ptr<pybind11::object>> discarded;
     std::atomic<size_t> queued{0};
     bool stopping{false};
     bool stopped{false};  // the thread has exited; post() runs callbacks inline
+    // Handed to the release thread: native completions done, and discarded callbacks.
+    std::condition_variable releaseCv;  // something to release, or the runner stopped
+    std::vector<Item> releasing;
+    std::vector<std::shared_ptr<pybind11::object>> releasingCallbacks;
+    bool handedOver{false};  // the runner has exited: nothing more comes
+    bool released{false};    // the release thread has exited
   };
 
   void enqueue(Item item);
   static void run(const std::shared_ptr<State>& state);
+  // The release thread: drops what run() hands over, under the GIL.
+  static void release(const std::shared_ptr<State>& state);
   static void runOne(std::shared_ptr<pybind11::object>& callback);
   static void runNative(Item& item);
   // Drops a native completion's Python references (post()). Needs the GIL.
@@ -91,6 +102,7 @@ class CallbackRunner {
 
   std::shared_ptr<State> state_;
   std::thread thread_;
+  std::thread releaser_;
 };
 
 }  // namespace torchrpc::python_fallback
