@@ -336,17 +336,17 @@ def test_a_call_that_completed_before_its_future_was_made_is_settled_by_the_wait
     assert took < 1.0, f"the waiter waited {took:.2f} s for the busy callback thread"
 
 
-def _done_while_this_thread_holds_the_gil(start, watched):
-    """Makes the calls start() returns while this thread keeps the GIL (a 1 s
-    switch interval, so a completion that needed it would wait the whole
-    second), and spins until the future `watched` picks is done, or 0.9 s
-    after its response arrived (10 s at most). Returns whether it was done.
-    Timed from the response's arrival, so that a callee slow under load is not
-    taken for a completion that waited for the GIL."""
+def _issued_while_this_thread_holds_the_gil(start):
+    """Calls start(), which issues calls and returns the future to watch,
+    while this thread keeps the GIL (a 1 s switch interval, so a completion
+    that needed it would wait the whole second); returns that future once it
+    is done, or 0.9 s after its response arrived (10 s at most). Timed from
+    the response's arrival, so that a callee slow under load is not taken for
+    a completion that waited for the GIL."""
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1.0)
     try:
-        fut = watched(start())
+        fut = start()
         invocation = fut._invocation and fut._invocation()  # None once settled in Python
         started = time.monotonic()
         arrived = None
@@ -359,7 +359,7 @@ def _done_while_this_thread_holds_the_gil(start, watched):
     finally:
         sys.setswitchinterval(interval)
     assert arrived is not None or fut.done(), "no response arrived within 10 s"
-    return fut.done()
+    return fut
 
 
 @pytest.mark.parametrize("fn, args", [(funcs.add, (torch.ones(2), torch.ones(2))), (torch.add, (torch.ones(2), 1))],
@@ -367,24 +367,24 @@ def _done_while_this_thread_holds_the_gil(start, watched):
 def test_a_script_or_builtin_result_completes_its_future_while_python_holds_the_gil(fn, args):
     # Such a value needs no Python to become the result: the callback thread
     # completes the future without the GIL, as upstream's agent does.
-    fut = rpc.rpc_async("worker1", fn, args=args)
-    assert _done_while_this_thread_holds_the_gil(lambda: fut, lambda f: f), \
-        "the future was not complete 0.9 s after its response arrived while Python held the GIL"
+    fut = _issued_while_this_thread_holds_the_gil(lambda: rpc.rpc_async("worker1", fn, args=args))
+    assert fut.done(), "the future was not complete 0.9 s after its response arrived while Python held the GIL"
     assert torch.equal(fut.wait(), torch.full((2,), 2.0))
 
 
 def test_a_native_completion_does_not_wait_for_the_gil_to_drop_an_earlier_calls_arguments():
     # The first call's arguments are dropped under the GIL once it completes;
     # the second call, answered some milliseconds later, must not wait for that.
-    def start():
-        return (rpc.rpc_async("worker1", funcs.add, args=(torch.ones(2), torch.ones(2))),
-                rpc.rpc_async("worker2", funcs.busy, args=(20000,)))
+    first = []
 
-    futs = []
-    assert _done_while_this_thread_holds_the_gil(lambda: futs.extend(start()) or futs, lambda fs: fs[1]), \
-        "the later future was not complete 0.9 s after its response arrived while Python held the GIL"
-    assert torch.equal(futs[0].wait(), torch.full((2,), 2.0))
-    assert torch.equal(futs[1].wait(), torch.full((16,), 20000.0))
+    def start():
+        first.append(rpc.rpc_async("worker1", funcs.add, args=(torch.ones(2), torch.ones(2))))
+        return rpc.rpc_async("worker2", funcs.busy, args=(20000,))
+
+    later = _issued_while_this_thread_holds_the_gil(start)
+    assert later.done(), "the later future was not complete 0.9 s after its response arrived while Python held the GIL"
+    assert torch.equal(first[0].wait(), torch.full((2,), 2.0))
+    assert torch.equal(later.wait(), torch.full((16,), 20000.0))
 
 
 def test_a_future_completed_without_python_lets_go_of_the_call_arguments():
