@@ -28,38 +28,91 @@ thread_local bool inPool = false;
 
 bool ThreadPool::onPoolThread() { return inPool; }
 
-ThreadPool::ThreadPool(size_t numThreads, std::string workerName, std::function<void()> idlePoll)
-    : workerName_(std::move(workerName)), idlePoll_(std::move(idlePoll)), cores_(usableCores()) {
+ThreadPool::ThreadPool(size_t numThreads, std::string workerName, std::function<void()> idlePoll, size_t activeCap,
+                       std::chrono::microseconds stall)
+    : workerName_(std::move(workerName)),
+      idlePoll_(std::move(idlePoll)),
+      cores_(usableCores()),
+      activeCap_(activeCap > 0 ? activeCap : cores_),
+      stall_(stall),
+      started_(numThreads) {
   common::reserveMallocArenas(numThreads);  // an arena each: tensor ops in parallel never share a malloc lock
   threads_.reserve(numThreads);
   alive_ = numThreads;
   for (size_t i = 0; i < numThreads; ++i) {
-    threads_.emplace_back([this] {
+    threads_.emplace_back([this, i] {
       common::nameThisThread("rpc-pool");
       inPool = true;
-      work();
+      work(i);
     });
   }
+  watcher_ = std::thread([this] {
+    common::nameThisThread("rpc-pool-watch");
+    watch();
+  });
 }
 
 ThreadPool::~ThreadPool() { stop(); }
 
+size_t ThreadPool::freshLocked(Clock::time_point now) const {
+  size_t fresh = 0;
+  for (const auto& started : started_) {
+    if (started != Clock::time_point{} && now - started < stall_) ++fresh;
+  }
+  return fresh;
+}
+
+bool ThreadPool::wantsWakeLocked(Clock::time_point now) const {
+  // Polling threads, and sleepers already woken, will take queued tasks (a
+  // poller that gives up re-checks the queue under the lock).
+  if (sleepers_.empty() || tasks_.size() <= spinning_.load() + waking_) return false;
+  return waking_ + freshLocked(now) < activeCap_;
+}
+
+ThreadPool::Sleeper* ThreadPool::popSleeperLocked() {
+  Sleeper* sleeper = sleepers_.back();
+  sleepers_.pop_back();
+  sleeper->woken = true;
+  ++waking_;
+  return sleeper;
+}
+
 void ThreadPool::run(std::function<void()> task) {
   Sleeper* wake = nullptr;
+  bool check = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     tasks_.push_back(std::move(task));
     queued_.store(tasks_.size());
-    // Polling threads will pick the tasks up; wake a sleeper only for a task
-    // no poller will take (a poller that gives up re-checks the queue under
-    // the lock).
-    if (tasks_.size() > spinning_.load() && !sleepers_.empty()) {
-      wake = sleepers_.back();
-      sleepers_.pop_back();
-      wake->woken = true;
+    if (wantsWakeLocked(Clock::now())) {
+      wake = popSleeperLocked();
+    } else if (!watching_ && tasks_.size() > spinning_.load() + waking_) {
+      watching_ = check = true;  // it waits for a busy thread: the watch thread checks that one finishes
     }
   }
   if (wake != nullptr) wake->cv.notify_one();
+  if (check) watchCv_.notify_one();
+}
+
+void ThreadPool::watch() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    if (!watching_) {
+      watchCv_.wait(lock);  // no timeout: idle until a task waits (an idle pool uses no CPU)
+      continue;
+    }
+    const uint64_t before = taken_;
+    watchCv_.wait_for(lock, stall_);
+    if (stopping_) break;
+    if (tasks_.empty()) {
+      watching_ = false;
+      continue;
+    }
+    // No task taken for stall_: the busy threads block or compute at length;
+    // one more thread takes the next task.
+    const bool stalled = taken_ == before && !sleepers_.empty() && tasks_.size() > spinning_.load() + waking_;
+    if (stalled || wantsWakeLocked(Clock::now())) popSleeperLocked()->cv.notify_one();
+  }
 }
 
 size_t ThreadPool::busy() const {
@@ -67,7 +120,7 @@ size_t ThreadPool::busy() const {
   return tasks_.size() + running_;
 }
 
-void ThreadPool::work() {
+void ThreadPool::work(size_t slot) {
   common::initIntraOpThreads();
   bool lastTaskLong = false;  // this thread's last task ran for kLongTask or more
   common::AdaptiveSpin spin;          // polls after short tasks
@@ -78,6 +131,7 @@ void ThreadPool::work() {
   Sleeper me;
   while (true) {
     std::function<void()> task;
+    Clock::time_point started;
     // Idle threads poll for the next task before they sleep; polling saves
     // the wake-up latency.
     //
@@ -122,7 +176,11 @@ void ThreadPool::work() {
         me.woken = false;
         sleepers_.push_back(&me);
         me.cv.wait(lock, [&] { return me.woken || stopping_.load(); });
-        if (!me.woken) sleepers_.erase(std::find(sleepers_.begin(), sleepers_.end(), &me));
+        if (me.woken) {
+          --waking_;
+        } else {
+          sleepers_.erase(std::find(sleepers_.begin(), sleepers_.end(), &me));
+        }
       }
       if (tasks_.empty()) {  // stopping and drained
         --alive_;
@@ -133,10 +191,11 @@ void ThreadPool::work() {
       tasks_.pop_front();
       queued_.store(tasks_.size());
       ++running_;
+      ++taken_;
+      started = started_[slot] = Clock::now();
     }
     if (polled) spin.done();
     if (polledLong) afterLong.done();
-    const auto started = std::chrono::steady_clock::now();
     if (lastTaskLong) spread_.settle();  // a poller, or a thread just woken
     try {
       task();
@@ -145,9 +204,10 @@ void ThreadPool::work() {
       TORCHRPC_WARN(workerName_, "uncaught exception in a pool task: " << e.what());
     }
     CoreSpread::leave();
-    lastTaskLong = std::chrono::steady_clock::now() - started >= kLongTask;
+    lastTaskLong = Clock::now() - started >= kLongTask;
     std::lock_guard<std::mutex> lock(mutex_);
     --running_;
+    started_[slot] = Clock::time_point{};
   }
 }
 
@@ -155,9 +215,11 @@ bool ThreadPool::stop(double timeoutSeconds) {
   std::unique_lock<std::mutex> lock(mutex_);
   stopping_ = true;
   for (Sleeper* sleeper : sleepers_) sleeper->cv.notify_one();
+  watchCv_.notify_one();
   bool finished = exited_.wait_for(lock, std::chrono::duration<double>(timeoutSeconds),
                                    [this] { return alive_ == 0; });
   lock.unlock();
+  if (watcher_.joinable()) watcher_.join();  // it ends at once on stopping_
   for (auto& t : threads_) {
     if (!t.joinable() || t.get_id() == std::this_thread::get_id()) continue;
     if (finished) {

@@ -4,6 +4,13 @@
 // poll briefly right after a task (see work()), then sleep: an idle pool uses
 // no CPU. Tasks run in FIFO order; idle threads are woken in LIFO order.
 // run() may be called from any thread; stop() runs what is queued, then joins.
+//
+// At most `activeCap` threads (default: the usable cores) run fresh tasks
+// (started less than `stall` ago, default kStall) at once: a task queued while
+// they are busy waits for one of them rather than waking another thread,
+// which would only take turns with them on the same cores. A watch thread
+// wakes a sleeper for it when the pool takes no task for `stall` (its tasks
+// block, waiting for a queued one, say), so nothing waits on a blocked task.
 
 #include <atomic>
 #include <chrono>
@@ -23,7 +30,9 @@ class ThreadPool {
  public:
   // `idlePoll`, if given, is called on every round of an idle thread's poll
   // after a long task (see work()): the agent reads the transport there.
-  ThreadPool(size_t numThreads, std::string workerName, std::function<void()> idlePoll = nullptr);
+  // `activeCap` 0: the usable cores.
+  ThreadPool(size_t numThreads, std::string workerName, std::function<void()> idlePoll = nullptr,
+             size_t activeCap = 0, std::chrono::microseconds stall = kStall);
   ~ThreadPool();
 
   void run(std::function<void()> task);
@@ -39,7 +48,10 @@ class ThreadPool {
   static bool onPoolThread();
 
  private:
-  void work();
+  // A task that ran this long without finishing no longer counts against activeCap.
+  static constexpr std::chrono::microseconds kStall{1000};
+
+  using Clock = std::chrono::steady_clock;
 
   static constexpr std::chrono::microseconds kBusySpin{2000};
   static constexpr std::chrono::microseconds kLongTask{500};
@@ -50,9 +62,19 @@ class ThreadPool {
     bool woken = false;
   };
 
+  void work(size_t slot);
+  void watch();
+  // Threads whose task started less than stall_ before `now`.
+  size_t freshLocked(Clock::time_point now) const;
+  // Whether a queued task should wake a sleeper now (else it waits for a busy thread).
+  bool wantsWakeLocked(Clock::time_point now) const;
+  Sleeper* popSleeperLocked();
+
   const std::string workerName_;
   const std::function<void()> idlePoll_;
   const size_t cores_;  // CPUs this process may run on
+  const size_t activeCap_;
+  const std::chrono::microseconds stall_;
   mutable std::mutex mutex_;
   // Idle threads, the one that went to sleep last at the back: run() wakes
   // that one. Its cache is warm and the kernel tends to run it on the core it
@@ -66,6 +88,12 @@ class ThreadPool {
   std::atomic<size_t> queued_{0};  // tasks_.size(), readable without the lock
   std::atomic<size_t> spinning_{0};  // idle threads about to sleep, polling or not (see work())
   std::atomic<size_t> running_{0};  // changed under mutex_, read without it
+  size_t waking_{0};  // sleepers woken that have not yet come back for a task
+  uint64_t taken_{0};  // tasks taken so far: the watch thread's measure of progress
+  std::vector<Clock::time_point> started_;  // by thread: when its task started; {} while idle
+  bool watching_{false};  // a task waits for a busy thread: the watch thread checks on it
+  std::condition_variable watchCv_;
+  std::thread watcher_;
   size_t alive_{0};
   std::condition_variable exited_;
   std::atomic<bool> stopping_{false};

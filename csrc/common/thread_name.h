@@ -1,8 +1,8 @@
 #pragma once
 
 // Names the threads torchrpc creates, so `top -H`, `perf sched` and gdb show
-// their role ("rpc-io", "rpc-pool", "rpc-callbacks", "rpc-release",
-// "rpc-timeouts") instead of "python".
+// their role ("rpc-io", "rpc-pool", "rpc-pool-watch", "rpc-callbacks",
+// "rpc-release", "rpc-timeouts") instead of "python".
 
 #include <pthread.h>
 

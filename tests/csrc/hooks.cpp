@@ -5,8 +5,12 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstring>
+#include <memory>
+#include <thread>
+#include <tuple>
 
 #include "agent/core_spread.h"
+#include "agent/thread_pool.h"
 #include "auth/handshake.h"
 #include "auth/hmac.h"
 #include "common/wait_policy.h"
@@ -149,6 +153,73 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<>())
       .def("settle", &torchrpc::agent::CoreSpread::settle)
       .def_static("leave", &torchrpc::agent::CoreSpread::leave);
+
+  // A pool of `threads` running at most `cap` fresh tasks at once
+  // (agent/thread_pool.h). `blockers` tasks wait until a task queued after
+  // them runs; returns the seconds until all finished, or -1 at `timeout`.
+  m.def(
+      "pool_blocked_until_a_queued_task",
+      [](size_t threads, size_t cap, size_t blockers, double timeout) {
+        auto pool = std::make_unique<torchrpc::agent::ThreadPool>(threads, "hooks", nullptr, cap);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));  // its threads asleep, as in a waiting worker
+        auto state = std::make_shared<std::tuple<std::mutex, std::condition_variable, bool, size_t>>();
+        auto& [mutex, cv, released, finished] = *state;
+        const auto start = std::chrono::steady_clock::now();
+        for (size_t i = 0; i < blockers; ++i) {
+          pool->run([state] {
+            auto& [mutex, cv, released, finished] = *state;
+            std::unique_lock<std::mutex> lock(mutex);
+            cv.wait(lock, [&] { return released; });
+            ++finished;
+            cv.notify_all();
+          });
+        }
+        pool->run([state] {
+          auto& [mutex, cv, released, finished] = *state;
+          std::lock_guard<std::mutex> lock(mutex);
+          released = true;
+          cv.notify_all();
+        });
+        std::unique_lock<std::mutex> lock(mutex);
+        const bool done = cv.wait_for(lock, std::chrono::duration<double>(timeout), [&] { return finished == blockers; });
+        released = true;  // frees the blockers of a failed run, so the pool can stop
+        cv.notify_all();
+        lock.unlock();
+        pool->stop();
+        return done ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() : -1.0;
+      },
+      py::call_guard<py::gil_scoped_release>());
+  // The most tasks that ran at the same time when `tasks` tasks that each
+  // sleep `micros` were queued at once on such a pool, whose tasks count as
+  // stalled after `stallMicros`.
+  m.def(
+      "pool_most_at_once",
+      [](size_t threads, size_t cap, size_t tasks, int64_t micros, int64_t stallMicros) {
+        torchrpc::agent::ThreadPool pool(threads, "hooks", nullptr, cap, std::chrono::microseconds(stallMicros));
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));  // its threads asleep, as in a waiting worker
+        auto now = std::make_shared<std::atomic<size_t>>(0);
+        auto most = std::make_shared<std::atomic<size_t>>(0);
+        auto done = std::make_shared<std::atomic<size_t>>(0);
+        for (size_t i = 0; i < tasks; ++i) {
+          pool.run([now, most, done, micros] {
+            const size_t at = ++*now;
+            size_t seen = most->load();
+            while (at > seen && !most->compare_exchange_weak(seen, at)) {
+            }
+            std::this_thread::sleep_for(std::chrono::microseconds(micros));
+            --*now;
+            ++*done;
+          });
+        }
+        // Before stop(), which wakes every thread for what is still queued.
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (done->load() < tasks && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+        pool.stop();
+        return most->load();
+      },
+      py::call_guard<py::gil_scoped_release>());
 
   // The handshake's primitives (auth/hmac.h), checked against hashlib and hmac.
   auto digestBytes = [](const torchrpc::auth::Digest& d) {

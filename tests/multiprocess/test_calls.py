@@ -191,7 +191,7 @@ def test_many_threads_share_the_agent():
 
 def test_threads_say_their_role():
     names = rpc.rpc_sync("worker1", funcs.thread_names)
-    assert {"rpc-io", "rpc-pool", "rpc-callbacks", "rpc-release", "rpc-timeouts"} <= names, names
+    assert {"rpc-io", "rpc-pool", "rpc-pool-watch", "rpc-callbacks", "rpc-release", "rpc-timeouts"} <= names, names
 
 
 def test_back_to_back_calls_reuse_one_warm_pool_thread():
