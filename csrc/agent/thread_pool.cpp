@@ -54,19 +54,15 @@ ThreadPool::ThreadPool(size_t numThreads, std::string workerName, std::function<
 
 ThreadPool::~ThreadPool() { stop(); }
 
-size_t ThreadPool::freshLocked(Clock::time_point now) const {
+bool ThreadPool::unclaimedLocked() const { return tasks_.size() > spinning_.load() + waking_; }
+
+bool ThreadPool::roomLocked() const {
+  const auto now = Clock::now();
   size_t fresh = 0;
   for (const auto& started : started_) {
     if (started != Clock::time_point{} && now - started < stall_) ++fresh;
   }
-  return fresh;
-}
-
-bool ThreadPool::wantsWakeLocked(Clock::time_point now) const {
-  // Polling threads, and sleepers already woken, will take queued tasks (a
-  // poller that gives up re-checks the queue under the lock).
-  if (sleepers_.empty() || tasks_.size() <= spinning_.load() + waking_) return false;
-  return waking_ + freshLocked(now) < activeCap_;
+  return waking_ + fresh < activeCap_;
 }
 
 ThreadPool::Sleeper* ThreadPool::popSleeperLocked() {
@@ -84,10 +80,12 @@ void ThreadPool::run(std::function<void()> task) {
     std::lock_guard<std::mutex> lock(mutex_);
     tasks_.push_back(std::move(task));
     queued_.store(tasks_.size());
-    if (wantsWakeLocked(Clock::now())) {
-      wake = popSleeperLocked();
-    } else if (!watching_ && tasks_.size() > spinning_.load() + waking_) {
-      watching_ = check = true;  // it waits for a busy thread: the watch thread checks that one finishes
+    if (unclaimedLocked()) {
+      if (!sleepers_.empty() && roomLocked()) {
+        wake = popSleeperLocked();
+      } else if (!watching_) {
+        watching_ = check = true;  // it waits for a busy thread: the watch thread checks that one finishes
+      }
     }
   }
   if (wake != nullptr) wake->cv.notify_one();
@@ -108,10 +106,11 @@ void ThreadPool::watch() {
       watching_ = false;
       continue;
     }
-    // No task taken for stall_: the busy threads block or compute at length;
-    // one more thread takes the next task.
-    const bool stalled = taken_ == before && !sleepers_.empty() && tasks_.size() > spinning_.load() + waking_;
-    if (stalled || wantsWakeLocked(Clock::now())) popSleeperLocked()->cv.notify_one();
+    // No task taken for stall_ (the busy threads block or compute at length),
+    // or the tasks running went stale: one more thread takes the next task.
+    if (unclaimedLocked() && !sleepers_.empty() && (taken_ == before || roomLocked())) {
+      popSleeperLocked()->cv.notify_one();
+    }
   }
 }
 

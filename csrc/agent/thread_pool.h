@@ -64,10 +64,12 @@ class ThreadPool {
 
   void work(size_t slot);
   void watch();
-  // Threads whose task started less than stall_ before `now`.
-  size_t freshLocked(Clock::time_point now) const;
-  // Whether a queued task should wake a sleeper now (else it waits for a busy thread).
-  bool wantsWakeLocked(Clock::time_point now) const;
+  // Some queued task is one that no polling thread or woken sleeper will take
+  // (a poller that gives up re-checks the queue under the lock).
+  bool unclaimedLocked() const;
+  // The threads running fresh tasks (begun less than stall_ ago), with the
+  // sleepers woken for one, leave room under activeCap_.
+  bool roomLocked() const;
   Sleeper* popSleeperLocked();
 
   const std::string workerName_;
