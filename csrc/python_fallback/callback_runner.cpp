@@ -55,14 +55,20 @@ void CallbackRunner::post(std::function<void()> task, std::shared_ptr<py::object
 }
 
 void CallbackRunner::enqueue(Item item) {
+  bool queued = false;
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     if (!state_->stopped) {
       state_->queue.push_back(std::move(item));
       state_->queued.store(state_->queue.size());
-      state_->cv.notify_one();
-      return;
+      queued = true;
     }
+  }
+  if (queued) {
+    // After the unlock: a thread woken under the lock blocks on it at once,
+    // and the unlock wakes it a second time.
+    state_->cv.notify_one();
+    return;
   }
   // Posted after stop(): there is no runner thread left (and no I/O thread
   // either), so run it here rather than lose a completion.
@@ -167,10 +173,12 @@ void CallbackRunner::run(const std::shared_ptr<State>& state) {
       ran.clear();
       discarded.clear();
     } else if ((!ran.empty() && (idle || exit || ran.size() >= kDiscardBatch)) || !discarded.empty()) {
-      std::lock_guard<std::mutex> lock(state->mutex);
-      std::move(ran.begin(), ran.end(), std::back_inserter(state->releasing));
-      std::move(discarded.begin(), discarded.end(), std::back_inserter(state->releasingCallbacks));
-      state->releaseCv.notify_one();
+      {
+        std::lock_guard<std::mutex> lock(state->mutex);
+        std::move(ran.begin(), ran.end(), std::back_inserter(state->releasing));
+        std::move(discarded.begin(), discarded.end(), std::back_inserter(state->releasingCallbacks));
+      }
+      state->releaseCv.notify_one();  // after the unlock, as in enqueue()
       ran.clear();
       discarded.clear();
     }
