@@ -55,20 +55,17 @@ void CallbackRunner::post(std::function<void()> task, std::shared_ptr<py::object
 }
 
 void CallbackRunner::enqueue(Item item) {
-  bool queued = false;
   {
-    std::lock_guard<std::mutex> lock(state_->mutex);
+    std::unique_lock<std::mutex> lock(state_->mutex);
     if (!state_->stopped) {
       state_->queue.push_back(std::move(item));
       state_->queued.store(state_->queue.size());
-      queued = true;
+      // Notified after the unlock: a thread woken under the lock blocks on
+      // it at once, and the unlock wakes it a second time.
+      lock.unlock();
+      state_->cv.notify_one();
+      return;
     }
-  }
-  if (queued) {
-    // After the unlock: a thread woken under the lock blocks on it at once,
-    // and the unlock wakes it a second time.
-    state_->cv.notify_one();
-    return;
   }
   // Posted after stop(): there is no runner thread left (and no I/O thread
   // either), so run it here rather than lose a completion.
@@ -83,10 +80,12 @@ void CallbackRunner::enqueue(Item item) {
 
 void CallbackRunner::discard(std::shared_ptr<py::object> callback) {
   {
-    std::lock_guard<std::mutex> lock(state_->mutex);
+    std::unique_lock<std::mutex> lock(state_->mutex);
     if (!state_->stopped) {
       state_->discarded.push_back(std::move(callback));
-      if (state_->discarded.size() >= kDiscardBatch) state_->cv.notify_one();
+      const bool full = state_->discarded.size() >= kDiscardBatch;
+      lock.unlock();
+      if (full) state_->cv.notify_one();  // after the unlock, as in enqueue()
       return;
     }
   }
