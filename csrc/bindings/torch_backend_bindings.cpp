@@ -13,6 +13,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "python_fallback/gil.h"
+#include "python_fallback/python_turn.h"
 #include "torch_backend/torch_agent.h"
 
 namespace torchrpc::bindings {
@@ -28,8 +29,14 @@ void bindTorchBackend(py::module_& m) {
              auto callback = std::make_unique<torch::distributed::rpc::RequestCallbackImpl>();
              python_fallback::reapThreadStates();  // an earlier agent's pool threads (it holds the GIL)
              py::gil_scoped_release nogil;  // the rendezvous waits for every worker
-             return std::make_shared<TorchAgent>(std::move(s), options, std::move(callback),
-                                                 &python_fallback::keepThreadState);
+             torchrpc::torch_backend::PythonHooks python{
+                 &python_fallback::keepThreadState,
+                 [](const std::function<void()>& request) {
+                   python_fallback::PythonTurn turn(python_fallback::PythonTurn::When::kAlways);
+                   request();
+                 },
+                 &python_fallback::PythonTurn::giveUp};
+             return std::make_shared<TorchAgent>(std::move(s), options, std::move(callback), std::move(python));
            }),
            py::arg("store"), py::arg("options"))
       // Upstream binds get_worker_info(id) on its TensorPipe agent only; a

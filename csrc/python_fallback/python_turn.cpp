@@ -1,6 +1,6 @@
 #include "python_fallback/python_turn.h"
 
-#include <condition_variable>
+#include <atomic>
 #include <mutex>
 
 namespace torchrpc::python_fallback {
@@ -9,41 +9,43 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::mutex mutex;
-std::condition_variable turnOver;
-int holders = 0;         // turns held now (more than 1 only past kPatience, or among short calls)
-bool longCalls = false;  // the last turn lasted kLongTurn or more
-thread_local int depth = 0;  // this thread's nested turns
+std::timed_mutex turn;             // held by the call whose turn it is
+std::atomic<bool> longCalls{false};  // the last call lasted kLongTurn or more
+thread_local int depth = 0;          // this thread's nested turns
+thread_local bool inCall = false;    // in a call that counts (not paused, not given up)
+thread_local bool holding = false;   // holds `turn` (not after kPatience, nor among short calls)
+thread_local bool always = false;    // its outermost turn is PythonTurn::When::kAlways
 thread_local Clock::time_point began;
 
 void enter() {
-  std::unique_lock<std::mutex> lock(mutex);
-  if (longCalls) turnOver.wait_for(lock, PythonTurn::kPatience, [] { return holders == 0; });
-  ++holders;
+  holding = (always || longCalls.load(std::memory_order_relaxed)) && turn.try_lock_for(PythonTurn::kPatience);
+  inCall = true;
   began = Clock::now();
 }
 
 void leave() {
-  const bool wasLong = Clock::now() - began >= PythonTurn::kLongTurn;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    --holders;
-    longCalls = wasLong;
-  }
-  turnOver.notify_one();
+  if (!inCall) return;
+  inCall = false;
+  longCalls.store(Clock::now() - began >= PythonTurn::kLongTurn, std::memory_order_relaxed);
+  if (holding) turn.unlock();
+  holding = false;
 }
 
 }  // namespace
 
-PythonTurn::PythonTurn() {
-  if (depth++ == 0) enter();
+PythonTurn::PythonTurn(When when) {
+  if (depth++ > 0) return;
+  always = when == When::kAlways;
+  enter();
 }
 
 PythonTurn::~PythonTurn() {
   if (--depth == 0) leave();
 }
 
-PythonTurn::Pause::Pause() : depth_(depth) {
+void PythonTurn::giveUp() { leave(); }
+
+PythonTurn::Pause::Pause() : depth_(inCall ? depth : 0), always_(always) {
   if (depth_ == 0) return;
   depth = 0;
   leave();
@@ -51,6 +53,7 @@ PythonTurn::Pause::Pause() : depth_(depth) {
 
 PythonTurn::Pause::~Pause() {
   if (depth_ == 0) return;
+  always = always_;
   enter();
   depth = depth_;
 }

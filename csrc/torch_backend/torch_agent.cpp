@@ -54,16 +54,23 @@ std::string upstreamError(const std::exception_ptr& error) {
   return upstream::makeRPCError(parts.message, upstream::RPCErrorType::TIMEOUT);
 }
 
+// Whether upstream's callback runs Python for a request of this type (its
+// UDF, or the pickling of a Python RRef's value).
+bool runsPython(upstream::MessageType type) {
+  using T = upstream::MessageType;
+  return type == T::PYTHON_CALL || type == T::PYTHON_REMOTE_CALL || type == T::PYTHON_RREF_FETCH_CALL;
+}
+
 }  // namespace
 
 TorchAgent::TorchAgent(c10::intrusive_ptr<c10d::Store> store, agent::AgentOptions options,
-                       std::unique_ptr<upstream::RequestCallback> callback, std::function<void()> onPoolThread)
+                       std::unique_ptr<upstream::RequestCallback> callback, PythonHooks python)
     : RpcAgent(upstream::WorkerInfo(options.name, static_cast<upstream::worker_id_t>(options.rank)),
                std::move(callback),
                std::chrono::milliseconds(static_cast<int64_t>(options.defaultTimeoutSeconds * 1000))),
       name_(options.name),
       startTimeoutSeconds_(options.defaultTimeoutSeconds),
-      onPoolThread_(std::move(onPoolThread)),
+      python_(std::move(python)),
       serverStats_(std::make_shared<ServerStats>()) {
   TORCH_CHECK_VALUE(options.worldSize <= 0 || (options.rank >= 0 && options.rank < options.worldSize), "rank ",
                     options.rank, " is not in [0, world_size=", options.worldSize, ")");
@@ -127,6 +134,7 @@ c10::intrusive_ptr<upstream::JitFuture> TorchAgent::send(const upstream::WorkerI
   const double timeout = rpcTimeoutSeconds == upstream::kUnsetRpcTimeout
                              ? static_cast<double>(getRpcTimeout().count()) / 1000.0
                              : static_cast<double>(rpcTimeoutSeconds);
+  if (python_.sending) python_.sending();
   auto out = c10::make_intrusive<upstream::JitFuture>(at::AnyClassType::get());
   {
     std::lock_guard<std::mutex> lock(callsMutex_);
@@ -149,7 +157,7 @@ c10::intrusive_ptr<upstream::JitFuture> TorchAgent::send(const upstream::WorkerI
 }
 
 void TorchAgent::complete(upstream::JitFuture& out, c10::ivalue::Future& in) {
-  if (onPoolThread_) onPoolThread_();  // upstream's callbacks take the GIL
+  if (python_.onPoolThread) python_.onPoolThread();  // upstream's callbacks take the GIL
   try {
     if (in.hasError()) {
       out.setErrorIfNeeded(std::make_exception_ptr(std::runtime_error(upstreamError(in.exception_ptr()))));
@@ -181,7 +189,7 @@ void TorchAgent::serve(message::Message&& request, message::Reply reply) {
   // (the hot one especially), so each later request would record every op
   // once more, and no caller could read its events.
   at::ThreadLocalStateGuard isolated{at::ThreadLocalState()};
-  if (onPoolThread_) onPoolThread_();
+  if (python_.onPoolThread) python_.onPoolThread();
   const uint64_t id = request.id;
   c10::intrusive_ptr<upstream::Message> m = unwrapRequest(std::move(request));  // a throw: the agent answers it
   m->setId(static_cast<int64_t>(id));
@@ -189,7 +197,12 @@ void TorchAgent::serve(message::Message&& request, message::Reply reply) {
   ++stats->calls;
   c10::intrusive_ptr<upstream::JitFuture> result;
   try {
-    result = (*cb_)(*m, {});
+    auto process = [&] { result = (*cb_)(*m, {}); };
+    if (runsPython(m->type()) && python_.inPythonTurn) {
+      python_.inPythonTurn(process);
+    } else {
+      process();
+    }
   } catch (const std::exception& e) {
     --stats->calls;
     reply.message(

@@ -55,6 +55,21 @@ namespace torchrpc::torch_backend {
 
 namespace upstream = torch::distributed::rpc;
 
+// What the Python side lends the agent (bindings/torch_backend_bindings.cpp):
+// libtorchrpc has no Python. Each may be empty.
+struct PythonHooks {
+  // Runs on a pool thread before upstream's code does there: the Python side
+  // keeps the thread's Python state with it (python_fallback/gil.h), which
+  // upstream's GIL acquires would otherwise make and free on every call.
+  std::function<void()> onPoolThread;
+  // Runs a request that runs Python (a PYTHON_CALL, say) in its turn: the
+  // pool's Python requests take turns (python_fallback/python_turn.h).
+  std::function<void(const std::function<void()>&)> inPythonTurn;
+  // A thread that sends a call gives its turn up, if it holds one: upstream's
+  // nested calls wait inside upstream's code, where no pause can be put.
+  std::function<void()> sending;
+};
+
 class TorchAgent : public upstream::RpcAgent {
  public:
   // Joins a job through `store` (the store upstream's init_rpc made): a
@@ -62,12 +77,9 @@ class TorchAgent : public upstream::RpcAgent {
   // one (it is announced to the members once start() serves). `callback` is
   // upstream's request callback (RequestCallbackImpl, from the Python side).
   // options.secret, if empty, comes from the rendezvous (rendezvous.h
-  // sharedSecret). `onPoolThread`, if given, runs on a pool thread before
-  // upstream's code does there: the Python side keeps the thread's Python
-  // state with it (python_fallback/gil.h), which upstream's GIL acquires
-  // would otherwise make and free on every call.
+  // sharedSecret).
   TorchAgent(c10::intrusive_ptr<c10d::Store> store, agent::AgentOptions options,
-             std::unique_ptr<upstream::RequestCallback> callback, std::function<void()> onPoolThread = {});
+             std::unique_ptr<upstream::RequestCallback> callback, PythonHooks python = {});
   ~TorchAgent() override;
 
   c10::intrusive_ptr<upstream::JitFuture> send(const upstream::WorkerInfo& to,
@@ -126,7 +138,7 @@ class TorchAgent : public upstream::RpcAgent {
 
   const std::string name_;
   const double startTimeoutSeconds_;
-  const std::function<void()> onPoolThread_;
+  const PythonHooks python_;
   std::unique_ptr<rendezvous::Rendezvous> rendezvous_;
   std::shared_ptr<agent::Agent> agent_;
   std::shared_ptr<worker::PeerWatch> peerWatch_;

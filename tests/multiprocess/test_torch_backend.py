@@ -5,6 +5,8 @@ RRefs, TorchScript and distributed autograd run above torchrpc's agent
 (csrc/torch_backend/). The job ends with a graceful shutdown that must wait
 for a call still in flight."""
 
+import time
+
 import pytest
 import torch
 import torch.distributed.autograd as dist_autograd
@@ -60,6 +62,32 @@ def test_a_script_function_and_torchscripts_own_rpc_async():
 
 def test_a_call_made_inside_a_call():
     assert_close(rpc.rpc_sync("worker1", F.nested_add, args=("worker2", torch.ones(2), 2)), torch.full((2,), 4.0))
+
+
+def test_python_requests_take_turns_on_the_callee():
+    # Upstream's callback takes the GIL several times a request; requests
+    # run side by side would pass it back and forth. The callee runs them
+    # one after the other, even short ones.
+    overlaps = 0
+    for _ in range(6):
+        a, b = (rpc.rpc_async("worker2", F.compute_for, args=(0.002,)) for _ in range(2))
+        (a_start, a_end), (b_start, b_end) = a.wait(), b.wait()
+        overlaps += a_start < b_end and b_start < a_end
+    # A machine that stalls a request for over 5 ms (the other's patience) may make one pair overlap.
+    assert overlaps <= 1, f"{overlaps} of 6 pairs of Python requests ran side by side"
+
+
+def test_a_waiting_python_request_does_not_hold_up_others():
+    sleeper = rpc.rpc_async("worker2", F.sleep_then, args=(2.0, 9))
+    time.sleep(0.2)
+    start = time.perf_counter()
+    assert int(rpc.rpc_sync("worker2", F.add, args=(torch.ones(1), 1), timeout=10)) == 2
+    waited = time.perf_counter() - start
+    assert waited < 1.0, f"a Python request waited {waited:.2f} s for a sleeping one"
+    # A request that waits for a nested call back into its own worker gives its turn up, and completes.
+    assert_close(rpc.rpc_sync("worker2", F.nested_add, args=("worker2", torch.ones(2), 2), timeout=10),
+                 torch.full((2,), 4.0))
+    assert sleeper.wait() == 9
 
 
 def test_remote_and_to_here_with_a_fork_on_a_third_worker():
