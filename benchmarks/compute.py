@@ -6,6 +6,8 @@ every process (no torch.set_num_threads): the compute is what a user's
 would be, and the RPC library must not slow it down.
 """
 
+import os
+import signal
 import statistics
 import time
 
@@ -15,9 +17,8 @@ from benchmarks import _measure, remote_fns
 
 COMPUTE_BLOCK = 10  # calls per block of callee(): see there
 
-#: The phases of beside(), in the order they run; each is a window of the
-#: compute loop, measured cfg["beside_rounds"] times.
-BESIDE_PHASES = ("alone_before", "idle", "calls", "alone_after")
+#: The phases of beside(): the workers idle, then calling now and then.
+BESIDE_PHASES = ("idle", "calls")
 #: How often the caller calls in the "calls" phase.
 BESIDE_CALL_PERIOD_S = 0.005
 
@@ -39,43 +40,83 @@ def callee(rpc, to, cfg):
     return {f"{key}_ms": _measure.summarize([s * 1e3 for s in v]) for key, v in samples.items()}
 
 
-def _loop_rate(cfg):
-    """CNN forward passes per second in this process: the median of
-    cfg["beside_rounds"] windows of cfg["beside_window_s"]."""
+def _stopped(pids, timeout=10.0):
+    """SIGSTOPs every process of `pids`; returns once all their threads have stopped."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            while True:
+                try:
+                    with open(f"/proc/{pid}/task/{task}/stat") as f:
+                        state = f.read().rsplit(")", 1)[1].split()[0]
+                except FileNotFoundError:  # the thread ended
+                    break
+                if state in "Tt":
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"thread {task} of worker process {pid} did not stop within {timeout} s")
+                time.sleep(0.001)
+
+
+def _against_stopped(pids, cfg):
+    """CNN forward passes per second in this process, with the workers
+    `pids` running and with them stopped (SIGSTOP: the machine as if they
+    were gone), in windows of cfg["beside_window_s"] in the order stopped,
+    running, running, stopped, cfg["beside_rounds"] times: a ratio within a
+    round sees one phase of the machine, and its drift cancels.
+
+    Returns:
+        {"running": passes/s, "stopped": passes/s (medians of the windows),
+         "rounds": each round's running / stopped, "ratio": their median}.
+    """
     x = remote_fns.cnn_input()
 
     def step():
         remote_fns.cnn_forward(x)
         return 1
 
+    def window(stop):
+        if not stop:
+            return _measure.rate_for(step, cfg["beside_window_s"])
+        try:
+            _stopped(pids)
+            return _measure.rate_for(step, cfg["beside_window_s"])
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+
     step()
-    return statistics.median(_measure.rate_for(step, cfg["beside_window_s"]) for _ in range(cfg["beside_rounds"]))
+    running, stopped, ratios = [], [], []
+    for _ in range(cfg["beside_rounds"]):
+        rates = [window(stop) for stop in (True, False, False, True)]
+        stopped += [rates[0], rates[3]]
+        running += rates[1:3]
+        ratios.append((rates[1] + rates[2]) / (rates[0] + rates[3]))
+    return {"running": statistics.median(running), "stopped": statistics.median(stopped),
+            "ratio": statistics.median(ratios), "rounds": ratios}
 
 
 def beside(role, backend, control, init, cfg):
     """A compute loop in a process of its own (the "loop" role), beside the
-    two workers of a job (roles "callee" and "caller"), in four phases that
+    two workers of a job (roles "callee" and "caller"), in two phases that
     meet at control barriers:
 
-    - alone_before: the workers' processes have imported torch, and wait
-      before init_rpc;
     - idle: both workers initialised, connected, after 200 calls, now waiting;
-    - calls: the caller makes a tiny call every BESIDE_CALL_PERIOD_S;
-    - alone_after: both workers have shut down (their processes wait to exit).
+    - calls: the caller makes a tiny call every BESIDE_CALL_PERIOD_S.
 
-    `init(name)` initialises this process's worker (the job's _init). Every
-    role runs this.
+    In each phase the loop compares its speed with the workers running and
+    with them stopped (_against_stopped). `init(name)` initialises this
+    process's worker (the job's _init). Every role runs this.
 
     Returns (on the loop; {} elsewhere):
-        {"rates": {phase: forward passes/s}, "idle": idle / alone,
-         "calls": calls / alone}, alone being the mean of the two alone phases.
+        {phase: _against_stopped's result, for each of BESIDE_PHASES}.
     """
     rpc, worker = backend.rpc, role in ("callee", "caller")
-    rates = {}
+    if worker:
+        control.set(f"beside/pid/{role}", str(os.getpid()))
     control.barrier("beside/start")  # every process has imported torch
-    if role == "loop":
-        rates["alone_before"] = _loop_rate(cfg)
-    control.barrier("beside/alone_before")
     if worker:
         init(role)
     else:
@@ -84,12 +125,14 @@ def beside(role, backend, control, init, cfg):
         fn, args = remote_fns.tiny_script, (torch.ones(2),)
         for _ in range(200):
             rpc.rpc_sync("callee", fn, args=args)
+    pids = [int(control.get(f"beside/pid/{r}")) for r in ("callee", "caller")] if role == "loop" else []
+    result = {}
     control.barrier("beside/idle")
     if role == "loop":
-        rates["idle"] = _loop_rate(cfg)
+        result["idle"] = _against_stopped(pids, cfg)
     control.barrier("beside/calls")
     if role == "loop":
-        rates["calls"] = _loop_rate(cfg)
+        result["calls"] = _against_stopped(pids, cfg)
         control.set("beside/calls_done", "1")
     elif role == "caller":
         while not control.is_set("beside/calls_done"):
@@ -98,11 +141,5 @@ def beside(role, backend, control, init, cfg):
     control.barrier("beside/down")
     if worker:
         rpc.shutdown()
-    control.barrier("beside/alone_after")
-    if role == "loop":
-        rates["alone_after"] = _loop_rate(cfg)
     control.barrier("beside/end")  # the workers exit only now: exiting takes CPU
-    if role != "loop":
-        return {}
-    alone = (rates["alone_before"] + rates["alone_after"]) / 2
-    return {"rates": rates, "idle": rates["idle"] / alone, "calls": rates["calls"] / alone}
+    return result

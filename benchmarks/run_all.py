@@ -66,7 +66,7 @@ CONFIGS = {
         "train_iterations": 300,
         "rnn": {"ntoken": 50, "ninp": 32, "nhid": 64, "nlayers": 2, "seq_len": 12, "batch": 16},
         "compute_calls": 200,
-        "beside_rounds": 3, "beside_window_s": 1.0,
+        "beside_rounds": 5, "beside_window_s": 0.6,
         "job_timeout_s": 150.0,
         "jobs": ["main", "scaling", "training", "compute", "beside", "init2", "init4", "exported"],
     },
