@@ -177,6 +177,18 @@ def compute_for(seconds):
     return start, time.perf_counter()
 
 
+def overlapping_pairs(rpc_async, to, seconds, pairs=6):
+    """Caller side: starts `pairs` pairs of compute_for(seconds) calls on `to`
+    with `rpc_async` (torchrpc's or upstream's), a pair at once; returns how
+    many pairs ran side by side on the callee."""
+    overlaps = 0
+    for _ in range(pairs):
+        a, b = (rpc_async(to, compute_for, args=(seconds,)) for _ in range(2))
+        (a_start, a_end), (b_start, b_end) = a.wait(), b.wait()
+        overlaps += a_start < b_end and b_start < a_end
+    return overlaps
+
+
 def storage_nbytes(t):
     return t.untyped_storage().nbytes()
 

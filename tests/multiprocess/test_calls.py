@@ -567,11 +567,7 @@ def test_long_python_calls_take_turns():
     # back and forth on every torch op. Once calls are long (1 ms or more),
     # the callee runs them one after the other instead.
     rpc.rpc_sync("worker2", funcs.compute_for, args=(0.003,))
-    overlaps = 0
-    for _ in range(6):
-        a, b = (rpc.rpc_async("worker2", funcs.compute_for, args=(0.003,)) for _ in range(2))
-        (a_start, a_end), (b_start, b_end) = a.wait(), b.wait()
-        overlaps += a_start < b_end and b_start < a_end
+    overlaps = funcs.overlapping_pairs(rpc.rpc_async, "worker2", 0.003)
     # Side by side, every pair overlaps; a machine that stalls a call for
     # over 5 ms (the patience of the waiting one) may make one pair overlap.
     assert overlaps <= 1, f"{overlaps} of 6 pairs of long Python calls ran side by side"

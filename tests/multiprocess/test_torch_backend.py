@@ -13,6 +13,7 @@ import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
 from torch.testing import assert_close
 
+from tests.multiprocess import funcs
 from tests.multiprocess import layout_funcs as L
 from tests.multiprocess import torch_backend_funcs as F
 from tests.multiprocess.torch_backend_job import TorchBackendJob
@@ -68,11 +69,7 @@ def test_python_requests_take_turns_on_the_callee():
     # Upstream's callback takes the GIL several times a request; requests
     # run side by side would pass it back and forth. The callee runs them
     # one after the other, even short ones.
-    overlaps = 0
-    for _ in range(6):
-        a, b = (rpc.rpc_async("worker2", F.compute_for, args=(0.002,)) for _ in range(2))
-        (a_start, a_end), (b_start, b_end) = a.wait(), b.wait()
-        overlaps += a_start < b_end and b_start < a_end
+    overlaps = funcs.overlapping_pairs(rpc.rpc_async, "worker2", 0.002)
     # A machine that stalls a request for over 5 ms (the other's patience) may make one pair overlap.
     assert overlaps <= 1, f"{overlaps} of 6 pairs of Python requests ran side by side"
 

@@ -27,15 +27,6 @@ def nested_add(via, a, b):
     return rpc.rpc_sync(via, torch.add, args=(a, b)) + 1
 
 
-def compute_for(seconds):
-    """Torch ops under the GIL for `seconds`; returns (start, end) on this
-    worker's time.perf_counter clock."""
-    x, start = torch.ones(8), time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        x = x * 0.999 + 0.001
-    return start, time.perf_counter()
-
-
 def rref_value_plus(rref, n):
     """Fetches an RRef's value from its owner (a fork, when called elsewhere)."""
     return rref.to_here() + n
