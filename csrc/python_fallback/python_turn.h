@@ -34,8 +34,8 @@ class PythonTurn {
   // Waits for the turn, at most kPatience; nests on one thread. kAlways:
   // even while calls are short, for calls that take the GIL many times each
   // (upstream's request callback, for the TORCHRPC backend: with 128 tiny
-  // Python requests in flight, 4.5-6.3 voluntary switches a request without
-  // turns and 1.2-2.3 with them, and 20-30% less CPU).
+  // Python requests in flight, 3.8-5.4 voluntary switches a request without
+  // turns and 1.2-2.3 with them; benchmarks/HISTORY.md).
   explicit PythonTurn(When when = When::kLongCalls);
   ~PythonTurn();
 
