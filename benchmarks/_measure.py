@@ -4,6 +4,7 @@ Standard library only, so that the socket floor measurement does not import torc
 """
 
 import os
+import signal
 import statistics
 import time
 
@@ -85,3 +86,27 @@ def idle_cpu_percent(pids, seconds):
     time.sleep(seconds)
     wall = time.perf_counter() - start
     return {pid: 100.0 * (cpu_seconds(pid) - before[pid]) / wall for pid in pids}
+
+
+def stop_process(pid, timeout=10.0):
+    """SIGSTOPs process `pid` and returns once every thread of it has stopped.
+
+    kill() only starts the stop: one thread takes the signal and then stops
+    the others, so until it gets a core (a sleeping worker on a busy machine)
+    the others may still run.
+    """
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while True:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:  # the thread exited
+                pass
+        if all(state in ("T", "t") for state in states):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"process {pid} not stopped {timeout:.0f} s after SIGSTOP: thread states {states}")
+        time.sleep(0.001)

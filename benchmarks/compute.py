@@ -40,26 +40,6 @@ def callee(rpc, to, cfg):
     return {f"{key}_ms": _measure.summarize([s * 1e3 for s in v]) for key, v in samples.items()}
 
 
-def _stopped(pids, timeout=10.0):
-    """SIGSTOPs every process of `pids`; returns once all their threads have stopped."""
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + timeout
-    for pid in pids:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            while True:
-                try:
-                    with open(f"/proc/{pid}/task/{task}/stat") as f:
-                        state = f.read().rsplit(")", 1)[1].split()[0]
-                except FileNotFoundError:  # the thread ended
-                    break
-                if state in "Tt":
-                    break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"thread {task} of worker process {pid} did not stop within {timeout} s")
-                time.sleep(0.001)
-
-
 def _against_stopped(pids, cfg):
     """CNN forward passes per second in this process, with the workers
     `pids` running and with them stopped (SIGSTOP: the machine as if they
@@ -81,7 +61,8 @@ def _against_stopped(pids, cfg):
         if not stop:
             return _measure.rate_for(step, cfg["beside_window_s"])
         try:
-            _stopped(pids)
+            for pid in pids:
+                _measure.stop_process(pid)
             return _measure.rate_for(step, cfg["beside_window_s"])
         finally:
             for pid in pids:

@@ -2,11 +2,11 @@
 CPU time (/proc), its TCP address, and how fast it answers a real call."""
 
 import os
-import signal
 import statistics
 import time
 
 import torchrpc as rpc
+from benchmarks import _measure
 from tests.multiprocess import funcs
 
 # Calls slower than this never count as slow: the test machine is shared and noisy.
@@ -32,27 +32,7 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def stop(pid, timeout=10.0):
-    """SIGSTOPs process `pid` and returns once every thread of it has stopped.
-
-    kill() only starts the stop: one thread takes the signal and then stops
-    the others, so until it gets a core (a sleeping worker on a busy machine)
-    the others may still serve a call.
-    """
-    os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + timeout
-    while True:
-        states = []
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    states.append(f.read().rsplit(")", 1)[1].split()[0])
-            except FileNotFoundError:  # the thread exited
-                pass
-        if all(state in ("T", "t") for state in states):
-            return
-        assert time.monotonic() < deadline, f"process {pid} not stopped {timeout:.0f} s after SIGSTOP: {states}"
-        time.sleep(0.001)
+stop = _measure.stop_process  # SIGSTOPs a worker; returns once all its threads stopped
 
 
 def tcp_address(worker):

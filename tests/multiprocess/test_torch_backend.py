@@ -81,7 +81,8 @@ def test_a_waiting_python_request_does_not_hold_up_others():
     assert int(rpc.rpc_sync("worker2", F.add, args=(torch.ones(1), 1), timeout=10)) == 2
     waited = time.perf_counter() - start
     assert waited < 1.0, f"a Python request waited {waited:.2f} s for a sleeping one"
-    # A request that waits for a nested call back into its own worker gives its turn up, and completes.
+    # A request that waits for a nested call back into its own worker completes: a lock held
+    # across the wait would deadlock here (the request gives its turn up as it sends).
     assert_close(rpc.rpc_sync("worker2", F.nested_add, args=("worker2", torch.ones(2), 2), timeout=10),
                  torch.full((2,), 4.0))
     assert sleeper.wait() == 9
