@@ -223,9 +223,12 @@ void Agent::onResponse(message::Message&& m, int src, uint64_t connectionId) {
   try {
     for (auto it = interceptors_.rbegin(); it != interceptors_.rend(); ++it) (*it)->incomingResponse(m, src);
     switch (m.type) {
-      case message::MessageType::kScriptRet:
-        call->future->markCompleted(message::messageIValue(m));
+      case message::MessageType::kScriptRet: {
+        c10::IValue value = message::messageIValue(m);
+        m.tensors.clear();  // before Python sees them (agent.h)
+        call->future->markCompleted(std::move(value));
         return;
+      }
       case message::MessageType::kPythonRet: {
         std::string refused = options_.policy.refuseResponse(m.type, options_.name);
         if (!refused.empty()) {  // script-only: a peer's pickle is never handed on to be unpickled

@@ -173,6 +173,11 @@ class Agent : public std::enable_shared_from_this<Agent> {
   void onCloseFromLoop(const std::shared_ptr<transport::Connection>& conn, const std::string& reason);
   void onAuthenticatedFromLoop(const std::shared_ptr<transport::Connection>& conn, int rank);
   std::unique_ptr<auth::Handshake> handshake(auth::Handshake::Role role, int dst) const;
+  // Completes the call `m` answers. A value's tensors are referenced by the
+  // value alone when the future completes: torch increfs or decrefs a
+  // tensor's Python object, under the GIL, when its C++ count goes 1->2 or
+  // 2->1, so the message's own references, dropped here after the caller had
+  // wrapped a tensor, made the I/O thread wait for the GIL.
   void onResponse(message::Message&& m, int src, uint64_t connectionId);
   // Applies the interceptors, then serve().
   void dispatch(message::Message&& request, int callerRank, message::Reply reply);
