@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "agent/core_spread.h"
+#include "agent/self_call.h"
 #include "common/error.h"
 #include "common/logging.h"
 #include "message/payload.h"
@@ -170,11 +171,23 @@ Agent::FuturePtr Agent::send(int dst, message::Message&& request, double timeout
   Pending::Call call{future, dst, 0, description, timeoutSeconds, std::chrono::steady_clock::now(),
                      deadlineAfter(timeoutSeconds)};
   if (dst == options_.rank) {
-    // A call to oneself skips the transport: straight to the pool.
+    // A call to oneself: straight to the pool, with copies (self_call.h).
+    try {
+      request = copyForSelf(std::move(request));
+    } catch (const c10::Error& e) {
+      return fail(common::ErrorKind::kInvalidArgument, e.what_without_backtrace());
+    }
     pending_.add(id, std::move(call));
     pool_->run([this, request = std::move(request)]() mutable {
-      message::Reply reply(request.id, options_.name,
-                           [this](message::Message&& r) { onResponse(std::move(r), options_.rank, 0); });
+      message::Reply reply(request.id, options_.name, [this](message::Message&& r) {
+        const uint64_t id = r.id;
+        try {
+          r = copyForSelf(std::move(r));
+        } catch (const c10::Error& e) {
+          r = resultCannotTravel(id, e.what_without_backtrace());
+        }
+        onResponse(std::move(r), options_.rank, 0);
+      });
       dispatch(std::move(request), options_.rank, std::move(reply));
     });
     return future;
@@ -329,6 +342,12 @@ void Agent::serve(message::Message&& request, int callerRank, message::Reply rep
   }
 }
 
+message::Message Agent::resultCannotTravel(uint64_t id, const std::string& why) const {
+  return message::exceptionMessage(
+      id, message::RemoteException{"ValueError", "its result cannot be sent back: " + why, "",
+                                   message::kSendingTheResult, options_.name});
+}
+
 void Agent::respondOn(const std::shared_ptr<transport::Connection>& conn, message::Message&& response,
                       const transport::Ticket& ticket) {
   const uint64_t id = response.id;
@@ -336,11 +355,7 @@ void Agent::respondOn(const std::shared_ptr<transport::Connection>& conn, messag
   // A response never waits for the peer to read (its ticket bounds how many queue).
   common::Error err = conn->send(std::move(response), std::chrono::steady_clock::time_point::max(), ticket);
   if (err && err.code() == common::Error::Code::kInvalid) {
-    // The result cannot travel (a tensor the wire refuses): the caller gets why.
-    err = conn->send(message::exceptionMessage(id, message::RemoteException{"ValueError",
-                                                          "its result cannot be sent back: " + err.what(),
-                                                          "", message::kSendingTheResult, options_.name}),
-                     std::chrono::steady_clock::time_point::max(), ticket);
+    err = conn->send(resultCannotTravel(id, err.what()), std::chrono::steady_clock::time_point::max(), ticket);
   }
   if (!err || err.code() == common::Error::Code::kClosed) return;  // a closed connection failed the caller's call
   // The caller would wait out its timeout for this response: close the

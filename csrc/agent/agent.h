@@ -179,6 +179,9 @@ class Agent : public std::enable_shared_from_this<Agent> {
   // 2->1, so the message's own references, dropped here after the caller had
   // wrapped a tensor, made the I/O thread wait for the GIL.
   void onResponse(message::Message&& m, int src, uint64_t connectionId);
+  // The response to request `id` whose result cannot travel (a tensor the
+  // wire refuses, `why`): the caller gets why.
+  message::Message resultCannotTravel(uint64_t id, const std::string& why) const;
   // Applies the interceptors, then serve().
   void dispatch(message::Message&& request, int callerRank, message::Reply reply);
   void respondOn(const std::shared_ptr<transport::Connection>& conn, message::Message&& response,

@@ -84,6 +84,13 @@ struct OutgoingFrame {
 // that cannot travel.
 OutgoingFrame encodeFrame(Message&& message, uint64_t lendFrom = 0);
 
+// The message as a peer would receive it: encodeFrame and FrameReader in
+// one step, every tensor copied once (sharing memory as tensor_layout.h
+// says). For the calls a worker makes to itself, which skip the transport
+// but not its copies, as upstream's agent sends them through its own pipe.
+// Throws c10::Error on tensors that cannot travel.
+Message loopback(Message&& message);
+
 // A lent buffer of a received frame: buffers[index] is allocated and must be
 // copied from `address` in the sender's memory.
 struct LentTensor {

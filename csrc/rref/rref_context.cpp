@@ -4,6 +4,7 @@
 
 #include <chrono>
 
+#include "agent/self_call.h"
 #include "common/error.h"
 #include "common/logging.h"
 #include "message/payload.h"
@@ -103,7 +104,15 @@ std::shared_ptr<RRef> RRefContext::remote(int dst, message::Message&& call, doub
                                           const std::string& function) {
   const RRefId rrefId = newId();
   if (dst == rank_) {
-    // The owner is this worker: no message, the value is created on the pool.
+    // The owner is this worker: no message, the value is created on the pool
+    // from copies of the arguments (agent/self_call.h).
+    try {
+      call = agent::copyForSelf(std::move(call));
+    } catch (const c10::Error& e) {
+      std::rethrow_exception(common::makeRpcError(
+          common::ErrorKind::kInvalidArgument,
+          "remote " + workerName() + " -> " + workerName() + " '" + function + "': " + e.what_without_backtrace()));
+    }
     auto owner = owners_->startCreation(rrefId, nullptr, rank_);
     auto token = inFlight_.begin();
     std::function<void()> create = [self = shared_from_this(), owner, token, call = std::move(call)]() mutable {

@@ -23,6 +23,16 @@ def add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 @torch.jit.script
+def add_one_in_place(x: torch.Tensor) -> torch.Tensor:
+    """Changes its argument, and returns it."""
+    return x.add_(1)
+
+
+def py_add_one_in_place(x):
+    return x.add_(1)
+
+
+@torch.jit.script
 def echo_list(xs: List[torch.Tensor]) -> List[torch.Tensor]:
     return xs
 

@@ -156,6 +156,21 @@ def test_call_to_self(kind, fn, args):
     assert torch.equal(call(kind, "worker0", fn, args=args), torch.full((1,), 2.0))
 
 
+@pytest.mark.parametrize("fn", [funcs.add_one_in_place, funcs.py_add_one_in_place], ids=["script", "python"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_call_to_self_works_on_copies(kind, fn):
+    # As a call to a peer, and as upstream's: the callee changes its own copy
+    # of the argument, and the result is a tensor of the caller's own.
+    x = torch.zeros(3)
+    out = call(kind, "worker0", fn, args=(x,))
+    assert torch.equal(x, torch.zeros(3))
+    assert torch.equal(out, torch.ones(3))
+    assert out.data_ptr() != x.data_ptr()
+    # So does remote(): the owner's value is made from copies.
+    assert torch.equal(rpc.remote("worker0", fn, args=(x,)).to_here(), torch.ones(3))
+    assert torch.equal(x, torch.zeros(3))
+
+
 def test_worker_to_worker_and_nested():
     # worker1 calls worker2, which calls worker0 (this process) back
     out = rpc.rpc_sync("worker1", funcs.call, args=(

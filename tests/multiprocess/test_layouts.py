@@ -153,26 +153,35 @@ def test_tensors_that_share_memory_arrive_sharing_it():
 # would crash the worker).
 
 
+# A call to this worker itself copies its tensors as a call to a peer does.
+DESTINATIONS = ["worker1", "worker0"]
+
+
+@pytest.mark.parametrize("to", DESTINATIONS)
 @pytest.mark.parametrize("kind", ["python", "builtin", "script"])
-def test_an_argument_on_another_device_is_refused_before_sending(kind):
+def test_an_argument_on_another_device_is_refused_before_sending(kind, to):
     m = torch.empty(3, device="meta")
     fn, args = {"python": (L.echo, (m,)), "builtin": (torch.add, (m, 1)), "script": (L.script_scaled, (m, 2.0))}[kind]
-    with pytest.raises(ValueError, match=r"worker0 -> worker1 .*CPU tensors only; tensor #0 is on meta\. Move it with \.cpu\(\)"):
-        rpc.rpc_sync("worker1", fn, args=args)
+    with pytest.raises(ValueError, match=rf"worker0 -> {to} .*CPU tensors only; tensor #0 is on meta\. Move it with \.cpu\(\)"):
+        rpc.rpc_sync(to, fn, args=args)
     with pytest.raises(ValueError, match="CPU tensors only"):
-        rpc.remote("worker1", fn, args=args)
+        rpc.remote(to, fn, args=args)
 
 
-def test_a_result_on_another_device_fails_the_call_and_the_callee_stays_up():
+@pytest.mark.parametrize("to", DESTINATIONS)
+def test_a_result_on_another_device_fails_the_call_and_the_callee_stays_up(to):
     # It names the call (the callee no longer knows the function when the result fails to encode).
-    with pytest.raises(ValueError, match=r"worker0 -> worker1 .*'tests\.multiprocess\.layout_funcs\.on_meta': its "
+    with pytest.raises(ValueError, match=rf"worker0 -> {to} .*'tests\.multiprocess\.layout_funcs\.on_meta': its "
                                          r"result cannot be sent back: torchrpc sends CPU tensors only; tensor #0 is "
-                                         r"on meta\. Move it with \.cpu\(\) before it is sent\. \(raised on worker1\)"):
-        rpc.rpc_sync("worker1", L.on_meta, args=((2,),))
-    rref = rpc.remote("worker1", L.on_meta, args=((2,),))
-    with pytest.raises(ValueError, match="CPU tensors only; tensor #0 is on meta"):
-        rref.to_here()
-    assert torch.equal(rpc.rpc_sync("worker1", torch.add, args=(torch.ones(2), 1)), torch.full((2,), 2.0))
+                                         rf"on meta\. Move it with \.cpu\(\) before it is sent\. \(raised on {to}\)"):
+        rpc.rpc_sync(to, L.on_meta, args=((2,),))
+    rref = rpc.remote(to, L.on_meta, args=((2,),))
+    if to == "worker0":  # an owner keeps its value: nothing travels, as upstream's
+        assert rref.to_here().device.type == "meta"
+    else:
+        with pytest.raises(ValueError, match="CPU tensors only; tensor #0 is on meta"):
+            rref.to_here()
+    assert torch.equal(rpc.rpc_sync(to, torch.add, args=(torch.ones(2), 1)), torch.full((2,), 2.0))
 
 
 # ---- sparse gradients ---------------------------------------------------------------------

@@ -137,6 +137,16 @@ def test_tensors_that_share_memory_arrive_sharing_it():
     assert_close(rpc.rpc_sync("worker1", L.bump_second, args=(x, x[2:4])), changed)
 
 
+def test_a_call_to_self_works_on_copies():
+    # As TensorPipe's, which sends it through a pipe to itself.
+    for fn in (F.add_one_in_place, F.script_add_one_in_place):
+        x = torch.zeros(3)
+        out = rpc.rpc_sync("worker0", fn, args=(x,))
+        assert_close(x, torch.zeros(3))
+        assert_close(out, torch.ones(3))
+        assert out.data_ptr() != x.data_ptr()
+
+
 def test_distributed_autograd_backward():
     t1 = torch.rand(3, 3, requires_grad=True)
     t2 = torch.rand(3, 3, requires_grad=True)

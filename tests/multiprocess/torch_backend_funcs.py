@@ -64,6 +64,15 @@ def script_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 @torch.jit.script
+def script_add_one_in_place(x: torch.Tensor) -> torch.Tensor:
+    return x.add_(1)
+
+
+def add_one_in_place(x):
+    return x.add_(1)
+
+
+@torch.jit.script
 def script_caller(dst: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """TorchScript's own rpc_async (the compiler's special form), calling script_add."""
     fut = rpc.rpc_async(dst, script_add, (a, b))
