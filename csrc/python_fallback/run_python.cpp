@@ -27,7 +27,10 @@ std::shared_ptr<py::object> sharedPyObject(py::object obj) {
 
 py::tuple callPythonHandler(const py::object& handler, message::Message& request, int callerRank) {
   py::list tensors;
-  for (auto& t : request.tensors) tensors.append(py::cast(std::move(t)));
+  for (auto& t : request.tensors) tensors.append(py::cast(t));
+  // Python's objects own them now: a reference left in the request would be
+  // dropped later on the pool thread, and take the GIL to decref its object.
+  request.tensors.clear();
   auto view = py::memoryview::from_memory(request.payload.data(),
                                           static_cast<py::ssize_t>(request.payload.size()));
   return handler(view, tensors, callerRank);
@@ -64,7 +67,14 @@ message::Message pythonResponse(const py::handle& outcome, uint64_t id, const st
     response.type = message::MessageType::kPythonRet;
     response.id = id;
     response.payload = out[1].cast<std::string>();
-    for (auto t : out[2]) response.tensors.push_back(py::cast<at::Tensor>(t));
+    // Detached here, under the GIL: the message then holds no tensor with a
+    // Python object, whose last C++ reference would take the GIL again when
+    // the response is sent (torch increfs/decrefs it on the 1->2 and 2->1
+    // steps). One that requires grad stays as it is, for autograd.
+    for (auto t : out[2]) {
+      at::Tensor tensor = py::cast<at::Tensor>(t);
+      response.tensors.push_back(tensor.requires_grad() ? tensor : tensor.detach());
+    }
     return response;
   }
   return message::exceptionMessage(id, remoteExceptionFrom(out, worker));
