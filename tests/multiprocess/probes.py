@@ -25,11 +25,7 @@ def fd_count(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def cpu_seconds(pid):
-    """User + system CPU time the process has used."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+cpu_seconds = _measure.cpu_seconds  # user + system CPU time of a process, in seconds
 
 
 stop = _measure.stop_process  # SIGSTOPs a worker; returns once all its threads stopped
