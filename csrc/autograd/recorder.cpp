@@ -7,12 +7,13 @@
 
 #include "autograd/context.h"
 #include "message/payload.h"
+#include "rref/rref_messages.h"
 
 namespace torchrpc::autograd {
 
 namespace {
 
-constexpr uint8_t kLocal = 1;  // a call to oneself: tensors are shared, nothing recorded
+constexpr uint8_t kLocal = 1;  // a call to oneself: the local graph stays connected, nothing recorded
 
 #pragma pack(push, 1)
 struct Envelope {
@@ -97,6 +98,21 @@ bool recorded(message::MessageType t) {
   }
 }
 
+// A builtin operator's call (rpc or remote) joins the context only when one of
+// its tensors requires grad, as upstream's; any other call may return such
+// tensors, so it always does (upstream's forceGradRecording).
+bool outsideContext(const message::Message& m) {
+  const bool builtin = m.type == message::MessageType::kBuiltinCall ||
+                       (m.type == message::MessageType::kRemoteCall &&
+                        rref::remoteCallType(m) == message::MessageType::kBuiltinCall);
+  if (!builtin) return false;
+  if (!torch::autograd::GradMode::is_enabled()) return true;
+  for (const auto& t : m.tensors) {
+    if (t.requires_grad()) return false;
+  }
+  return true;
+}
+
 class Scope : public agent::CallScope {
  public:
   Scope(int64_t contextId, bool local, std::string worker)
@@ -132,7 +148,7 @@ class Scope : public agent::CallScope {
 void Recorder::outgoingRequest(message::Message& request, const agent::Outgoing& call) {
   const int dst = call.dst;
   const int64_t id = Container::currentId();
-  if (id < 0 || !recorded(request.type)) return;
+  if (id < 0 || !recorded(request.type) || outsideContext(request)) return;
   auto ctx = Container::get().find(id);
   TORCH_CHECK(ctx, "distributed autograd context ", id, " was released on ", worker_,
               " but is still current on this thread");

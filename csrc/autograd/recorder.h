@@ -12,8 +12,10 @@
 // recorded too. Its response comes back in an AUTOGRAD_RET envelope built the
 // same way, in the other direction.
 //
-// A call to oneself shares its tensors (nothing is copied), so its envelope
-// only carries the context: the local autograd graph stays connected.
+// A builtin operator's call whose tensors need no grad travels outside the
+// context, as upstream's. A call to oneself keeps the local autograd graph
+// connected (agent/self_call.h clones the tensors that require grad), so its
+// envelope only carries the context.
 
 #include <memory>
 #include <string>

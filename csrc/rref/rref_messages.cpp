@@ -41,21 +41,29 @@ message::Message remoteCallMessage(const RRefId& rrefId, const ForkId& forkId, m
   return m;
 }
 
-message::Message parseRemoteCall(message::Message&& m, RRefId* rrefId, ForkId* forkId) {
-  constexpr size_t header = 2 * kIdBytes + 2;
-  TORCH_CHECK(m.payload.size() >= header, "malformed REMOTE_CALL: ", m.payload.size(), " bytes");
-  *rrefId = getId(m.payload, 0);
-  *forkId = getId(m.payload, kIdBytes);
+namespace {
+constexpr size_t kRemoteHeader = 2 * kIdBytes + 2;
+}  // namespace
+
+message::MessageType remoteCallType(const message::Message& m) {
+  TORCH_CHECK(m.payload.size() >= kRemoteHeader, "malformed REMOTE_CALL: ", m.payload.size(), " bytes");
   uint16_t inner;
   std::memcpy(&inner, m.payload.data() + 2 * kIdBytes, 2);
   auto type = static_cast<message::MessageType>(inner);
   TORCH_CHECK(type == message::MessageType::kScriptCall || type == message::MessageType::kBuiltinCall ||
                   type == message::MessageType::kPythonCall,
               "malformed REMOTE_CALL: inner type ", inner, " is not a call");
+  return type;
+}
+
+message::Message parseRemoteCall(message::Message&& m, RRefId* rrefId, ForkId* forkId) {
+  const message::MessageType type = remoteCallType(m);
+  *rrefId = getId(m.payload, 0);
+  *forkId = getId(m.payload, kIdBytes);
   message::Message call;
   call.type = type;
   call.id = m.id;
-  call.payload = m.payload.substr(header);
+  call.payload = m.payload.substr(kRemoteHeader);
   call.tensors = std::move(m.tensors);
   return call;
 }

@@ -36,6 +36,9 @@ namespace torchrpc::rref {
 message::Message remoteCallMessage(const RRefId& rrefId, const ForkId& forkId, message::Message&& call);
 // Splits a REMOTE_CALL back into ids and the inner call (which keeps the id).
 message::Message parseRemoteCall(message::Message&& m, RRefId* rrefId, ForkId* forkId);
+// The type of a REMOTE_CALL's inner call (SCRIPT, BUILTIN or PYTHON_CALL);
+// throws on a malformed one.
+message::MessageType remoteCallType(const message::Message& m);
 
 struct MethodCall {
   RRefId rrefId;

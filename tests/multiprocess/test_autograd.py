@@ -70,6 +70,27 @@ def test_builtin_call_as_in_the_design_note():
         check(ctx, [t1, t2, t4], [], ((t1 + t2) * t4).sum(), [t1, t2, t4])
 
 
+def test_a_builtin_call_whose_tensors_need_no_grad_stays_outside_the_context():
+    # As upstream: such a call (rpc or remote) records nothing and the callee
+    # does not join the context; one tensor that requires grad records it.
+    plain, x = torch.ones(3, 3), leaf(1)
+    with rpc.autograd.context():
+        out = rpc.rpc_sync("worker1", torch.add, args=(plain, 1))
+        made = rpc.remote("worker1", torch.mul, args=(plain, 2))
+        with torch.no_grad():  # grad mode off: x needs no grad either
+            rpc.rpc_sync("worker1", torch.add, args=(x, 1))
+        mine = rpc.autograd._current_context()
+        assert mine._known_worker_ids() == set()
+        assert not mine._send_functions() and not mine._recv_functions()
+        assert_close(out, plain + 1)
+        assert not out.requires_grad
+        y = rpc.rpc_sync("worker1", torch.add, args=(x, 1))
+        assert y.grad_fn.name() == RECV
+        mine = rpc.autograd._current_context()
+        assert mine._known_worker_ids() == {1} and len(mine._send_functions()) == 1
+    assert_close(made.to_here(), plain * 2)
+
+
 def test_python_callee_with_a_remote_parameter():
     x, z = leaf(1), leaf(2)
     with rpc.autograd.context() as ctx:
