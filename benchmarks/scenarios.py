@@ -42,17 +42,17 @@ def idle_cpu(callee_pid, cfg):
 
 
 def latency(rpc, to, cfg):
-    """rpc_sync round trip of tiny calls, one at a time.
+    """rpc_sync round trip of tiny calls, one at a time, the kinds in
+    alternating blocks (the first kind measured alone after init_rpc read up
+    to 1.4x its later time: benchmarks/HISTORY.md, 2026-11-28).
 
     Returns:
         {call name: summary of per-call µs}, names as in LATENCY_CALLS.
     """
-    out = {}
-    for name, (fn, args) in LATENCY_CALLS.items():
-        samples = _measure.time_each(lambda: rpc.rpc_sync(to, fn, args=args),
-                                     cfg["latency_samples"], cfg["latency_warmup"])
-        out[name] = _measure.summarize([s * 1e6 for s in samples])
-    return out
+    calls = {name: (lambda fn=fn, args=args: rpc.rpc_sync(to, fn, args=args))
+             for name, (fn, args) in LATENCY_CALLS.items()}
+    samples = _measure.time_interleaved(calls, cfg["latency_samples"], cfg["latency_warmup"])
+    return {name: _measure.summarize([s * 1e6 for s in v]) for name, v in samples.items()}
 
 
 def throughput(rpc, to, cfg):
