@@ -82,35 +82,31 @@ Envelope unwrap(message::Message& m, int src, GetContext getCtx) {
   return e;
 }
 
-// The requests whose tensors and work belong to the sender's context. RRef
-// bookkeeping and autograd's own messages do not.
-bool recorded(message::MessageType t) {
-  switch (t) {
-    case message::MessageType::kScriptCall:
+// Whether request `m` carries the sender's context. Calls do, and so do
+// their RRef counterparts; RRef bookkeeping and autograd's own messages do
+// not. A builtin operator's call (rpc or remote) carries it only when one of
+// its tensors requires grad, as upstream's; any other call may return such
+// tensors, so it always does (upstream's forceGradRecording).
+bool carriesContext(const message::Message& m) {
+  switch (m.type) {
     case message::MessageType::kBuiltinCall:
-    case message::MessageType::kPythonCall:
+      break;
     case message::MessageType::kRemoteCall:
+      if (rref::remoteCallType(m) == message::MessageType::kBuiltinCall) break;
+      return true;
+    case message::MessageType::kScriptCall:
+    case message::MessageType::kPythonCall:
     case message::MessageType::kRRefFetch:
     case message::MessageType::kRRefMethodCall:
       return true;
     default:
       return false;
   }
-}
-
-// A builtin operator's call (rpc or remote) joins the context only when one of
-// its tensors requires grad, as upstream's; any other call may return such
-// tensors, so it always does (upstream's forceGradRecording).
-bool outsideContext(const message::Message& m) {
-  const bool builtin = m.type == message::MessageType::kBuiltinCall ||
-                       (m.type == message::MessageType::kRemoteCall &&
-                        rref::remoteCallType(m) == message::MessageType::kBuiltinCall);
-  if (!builtin) return false;
-  if (!torch::autograd::GradMode::is_enabled()) return true;
+  if (!torch::autograd::GradMode::is_enabled()) return false;
   for (const auto& t : m.tensors) {
-    if (t.requires_grad()) return false;
+    if (t.requires_grad()) return true;
   }
-  return true;
+  return false;
 }
 
 class Scope : public agent::CallScope {
@@ -148,7 +144,7 @@ class Scope : public agent::CallScope {
 void Recorder::outgoingRequest(message::Message& request, const agent::Outgoing& call) {
   const int dst = call.dst;
   const int64_t id = Container::currentId();
-  if (id < 0 || !recorded(request.type) || outsideContext(request)) return;
+  if (id < 0 || !carriesContext(request)) return;
   auto ctx = Container::get().find(id);
   TORCH_CHECK(ctx, "distributed autograd context ", id, " was released on ", worker_,
               " but is still current on this thread");
