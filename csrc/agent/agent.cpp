@@ -225,6 +225,8 @@ bool Agent::sendsAtOnce(int dst, uint64_t bytes) const {
   return link->conn && link->conn->acceptsWithoutWaiting(bytes);
 }
 
+bool Agent::onLoop() const { return loop_->inLoop(); }
+
 void Agent::onResponse(message::Message&& m, int src, uint64_t connectionId) {
   auto call = pending_.take(m.id, connectionId);
   if (!call) {
@@ -390,8 +392,8 @@ void Agent::onMessageFromLoop(const std::shared_ptr<transport::Connection>& conn
       respondOn(conn, std::move(r), std::exchange(ticket, nullptr));
     });
     auto fast = fastPaths_.find(static_cast<uint16_t>(m.type));
-    if (fast != fastPaths_.end() && fast->second(m, reply)) return;
     int caller = conn->peerRank();
+    if (fast != fastPaths_.end() && fast->second(m, caller, reply)) return;
     pool_->run([this, caller, m = std::move(m), reply = std::move(reply)]() mutable {
       dispatch(std::move(m), caller, std::move(reply));
     });

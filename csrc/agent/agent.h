@@ -72,11 +72,13 @@ class Agent : public std::enable_shared_from_this<Agent> {
   // thread). An exception it throws before answering becomes the answer.
   using Handler = std::function<void(message::Message&& request, int callerRank, message::Reply reply)>;
 
-  // Runs on the I/O thread before a request is queued for the pool: answers
-  // it at once and returns true, or returns false and leaves it for the
-  // pool's handler. It must not block, run user code or need the GIL: for
-  // answers that are ready (a fetch of a value that exists).
-  using FastPath = std::function<bool(const message::Message& request, const message::Reply& reply)>;
+  // Runs on the I/O thread, in the order requests arrive, before a request
+  // is queued for the pool: takes it and returns true (it answered it, or
+  // moved it on to the pool itself), or returns false, leaving `request` as
+  // it was, for the pool's handler. It must not block, run user code or need
+  // the GIL: for answers that are ready (a fetch of a value that exists), and
+  // for state that later requests must find (a remote()'s RRef).
+  using FastPath = std::function<bool(message::Message& request, int callerRank, const message::Reply& reply)>;
 
   explicit Agent(AgentOptions options);
   ~Agent();
@@ -120,6 +122,9 @@ class Agent : public std::enable_shared_from_this<Agent> {
   // Whether send(dst, ...) of `bytes` would return without waiting: connected
   // (or oneself) and not backlogged. A hint; the answer may change at once.
   bool sendsAtOnce(int dst, uint64_t bytes) const;
+  // The calling thread holds the I/O loop's turn (in a fast path or a
+  // connection's callback): it must not wait for anything.
+  bool onLoop() const;
 
   // The one switch on the message type, on the calling (pool) thread: runs
   // `request` with the handler of its type and answers `reply`. RRef owners

@@ -73,7 +73,14 @@ ThreadPool::Sleeper* ThreadPool::popSleeperLocked() {
   return sleeper;
 }
 
+namespace {
+std::atomic<uint64_t> tasksQueuedSoFar{0};
+}  // namespace
+
+uint64_t ThreadPool::tasksQueued() { return tasksQueuedSoFar.load(std::memory_order_relaxed); }
+
 void ThreadPool::run(std::function<void()> task) {
+  tasksQueuedSoFar.fetch_add(1, std::memory_order_relaxed);
   Sleeper* wake = nullptr;
   bool check = false;
   {

@@ -46,6 +46,8 @@ class ThreadPool {
   size_t busy() const;
   // The calling thread is a thread of some pool (it must never wait on a peer).
   static bool onPoolThread();
+  // Tasks queued on the pools of this process so far (tests, diagnostics).
+  static uint64_t tasksQueued();
 
  private:
   // A task that ran this long without finishing no longer counts against activeCap.

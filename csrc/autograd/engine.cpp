@@ -310,7 +310,7 @@ void install(agent::Agent& agent) {
       [a](message::Message&& request, int callerRank, message::Reply reply) { onCleanup(*a, std::move(request), callerRank, reply); },
       "release autograd context");
   // Reports are tiny and may end a backward(): answered on the I/O thread.
-  agent.setFastPath(message::MessageType::kAutogradPassDone, [a](const message::Message& request, const message::Reply& reply) {
+  agent.setFastPath(message::MessageType::kAutogradPassDone, [a](message::Message& request, int, const message::Reply& reply) {
     try {
       auto [backwardId, report] = parsePassDone(request);
       reportToTracker(backwardId, report);

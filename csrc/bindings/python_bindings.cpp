@@ -279,6 +279,7 @@ PYBIND11_MODULE(_C, m) {
     d["same_host_copied_bytes"] = torchrpc::transport::same_host::copiedBytes();
     d["loop_events_served_by_others"] = torchrpc::transport::Loop::servedByOthers();
     d["polls_withheld"] = torchrpc::common::WaitPolicy::process().withheld();
+    d["pool_tasks"] = torchrpc::agent::ThreadPool::tasksQueued();
     d["backwards_ended_by_reports"] = byReports;
     d["backwards_ended_by_responses"] = byResponses;
     return d;

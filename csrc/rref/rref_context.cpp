@@ -147,7 +147,8 @@ std::shared_ptr<RRef> RRefContext::remote(int dst, message::Message&& call, doub
                               }
                             }
                             self->confirmUser(forkId, error, -1);
-                          });
+                          },
+                          /*thenWhereAnswered=*/true);
   if (auto refused = agent::refusedBeforeSending(sent)) {
     users_.remove(forkId);
     user->markDeleted();  // the owner never heard of it: nothing to delete
@@ -220,8 +221,8 @@ std::shared_ptr<RRef> RRefContext::receive(const ForkData& fork) {
       owners_->removeFork(fork.rrefId, fork.forkId).reset();  // not the last reference: `owner` holds it
     } else if (!fork.answered) {
       // A user sent the owner its own RRef: the parent may let go of its copy.
-      sendTrackedLater(fork.parent, idsMessage(message::MessageType::kRRefChildAccept, fork.forkId), "CHILD_ACCEPT",
-                       nullptr);
+      sendTrackedSoon(fork.parent, idsMessage(message::MessageType::kRRefChildAccept, fork.forkId), "CHILD_ACCEPT",
+                      nullptr);
     }
     return owner;
   }
@@ -230,11 +231,11 @@ std::shared_ptr<RRef> RRefContext::receive(const ForkData& fork) {
                                          /*confirmed=*/parentIsOwner);
   users_.add(user, /*pending=*/!parentIsOwner);
   if (!parentIsOwner) {
-    sendTrackedLater(fork.owner, idsMessage(message::MessageType::kRRefForkRequest, fork.rrefId, fork.forkId),
-                     "FORK_REQUEST",
-                     [self = shared_from_this(), forkId = fork.forkId, parent = fork.parent](std::exception_ptr error) {
-                       self->confirmUser(forkId, error, parent);
-                     });
+    sendTrackedSoon(fork.owner, idsMessage(message::MessageType::kRRefForkRequest, fork.rrefId, fork.forkId),
+                    "FORK_REQUEST",
+                    [self = shared_from_this(), forkId = fork.forkId, parent = fork.parent](std::exception_ptr error) {
+                      self->confirmUser(forkId, error, parent);
+                    });
   }
   return user;
 }
@@ -285,11 +286,11 @@ void RRefContext::confirmUser(const ForkId& forkId, std::exception_ptr error, in
 
 RRefContext::FuturePtr RRefContext::sendTracked(int dst, message::Message&& m, double timeoutSeconds,
                                                 const std::string& callKind, const std::string& what,
-                                                std::function<void(std::exception_ptr)> then) {
+                                                std::function<void(std::exception_ptr)> then, bool thenWhereAnswered) {
   auto token = inFlight_.begin();
   auto future = agent_->send(dst, std::move(m), timeoutSeconds, callKind, what);
   std::weak_ptr<RRefContext> weak = shared_from_this();
-  future->addCallback([weak, token, then = std::move(then)](c10::ivalue::Future& f) mutable {
+  future->addCallback([weak, token, then = std::move(then), thenWhereAnswered](c10::ivalue::Future& f) mutable {
     auto self = weak.lock();
     if (!self || !then) return;  // nothing follows (USER_DELETE, CHILD_ACCEPT): no pool hop
     std::exception_ptr error = f.hasError() ? f.exception_ptr() : nullptr;
@@ -300,8 +301,9 @@ RRefContext::FuturePtr RRefContext::sendTracked(int dst, message::Message&& m, d
         TORCHRPC_WARN(self->workerName(), "RRef protocol step failed: " << e.what());
       }
     };
-    // Never on the I/O thread: a follow-up may send (and block on backpressure).
-    if (self->stopped_) {
+    // A follow-up that may send (and so connect) runs on the pool, never on
+    // the I/O thread; one that only sets state runs where the answer came.
+    if (self->stopped_ || thenWhereAnswered) {
       task();
     } else {
       self->agent_->pool().run(std::move(task));
@@ -310,8 +312,14 @@ RRefContext::FuturePtr RRefContext::sendTracked(int dst, message::Message&& m, d
   return future;
 }
 
-void RRefContext::sendTrackedLater(int dst, message::Message&& m, const std::string& what,
-                                   std::function<void(std::exception_ptr)> then) {
+void RRefContext::sendTrackedSoon(int dst, message::Message&& m, const std::string& what,
+                                  std::function<void(std::exception_ptr)> then) {
+  // At once where that cannot wait: waking a pool thread for it took the
+  // core from the thread that goes on (often the next call's issuer).
+  if (!agent_->onLoop() && agent_->sendsAtOnce(dst, m.payload.size())) {
+    sendTracked(dst, std::move(m), kProtocolTimeoutSeconds, "rref", what, std::move(then));
+    return;
+  }
   auto token = inFlight_.begin();  // counted from now, so waitIdle() cannot miss it
   agent_->pool().run([self = shared_from_this(), token, dst, m = std::move(m), what, then]() mutable {
     self->sendTracked(dst, std::move(m), kProtocolTimeoutSeconds, "rref", what, then);

@@ -37,11 +37,14 @@
 // callback of its future. releasePeer() drops what a lost peer held.
 //
 // Threads: every public method may be called from any thread. Handlers run on
-// the agent's pool, except two that the I/O thread takes when they need no
-// GIL: fetches (fetchAtOnce) and USER_DELETEs of small TorchScript values
-// (deleteAtOnce). Follow-ups of a response (confirm, CHILD_ACCEPT) run on
-// the pool too, never on the I/O thread. No RRef is ever destroyed while a
-// table's lock is held (a UserRRef destructor calls back into the context).
+// the agent's pool, except three that the I/O thread takes when they need no
+// GIL: a plain REMOTE_CALL's registration (remoteAtOnce; its creation runs on
+// the pool), fetches (fetchAtOnce) and USER_DELETEs of small TorchScript
+// values (deleteAtOnce). Follow-ups of a response that may send (a fork's
+// confirm, which sends CHILD_ACCEPT) run on the pool, never on the I/O
+// thread; remote()'s confirm, which only sets state, runs where its ack is
+// read. No RRef is ever destroyed while a table's lock is held (a UserRRef
+// destructor calls back into the context).
 
 #include <ATen/core/ivalue.h>
 
@@ -178,7 +181,16 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // ends the creation; `token` counts it in flight until then.
   void runCreation(const std::shared_ptr<OwnerRRef>& owner, message::Message&& call, int callerRank,
                    InFlight::Token token, std::function<void()> done = nullptr);
+  // A REMOTE_CALL's owner entry, with its caller's fork, moving the creating
+  // call out of `request` into *call. Throws if the value exists already.
+  std::shared_ptr<OwnerRRef> startRemote(message::Message& request, int callerRank, message::Message* call);
+  // The pool's handler, for a REMOTE_CALL in an envelope (a context, a profile).
   void handleRemoteCall(message::Message&& request, int callerRank, const message::Reply& reply);
+  // The I/O thread's handling of a plain REMOTE_CALL: registers its RRef in
+  // the order requests arrive, so that a fetch or method call read right
+  // after it finds the entry there (no pool task of its own), then queues
+  // the creation on the pool. False (malformed) leaves it to the pool.
+  bool remoteAtOnce(message::Message& request, int callerRank, const message::Reply& reply);
   void handleFetch(message::Message&& request, int callerRank, const message::Reply& reply);
   void handleMethodCall(message::Message&& request, int callerRank, const message::Reply& reply);
   // The owner entry of `id`, made kAwaited for `requester` (and set to
@@ -202,12 +214,17 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
                    bool onPool);
   message::Message encodeValue(uint64_t id, const c10::IValue& value);
   // Sends a protocol request, counted in flight until it is answered and
-  // `then` (if any) ran on the pool with the outcome.
+  // `then` (if any) ran with the outcome: on the pool, or, with
+  // `thenWhereAnswered`, on the thread that completes the call (often the
+  // I/O thread: for a `then` that only sets state, and sends nothing itself).
   FuturePtr sendTracked(int dst, message::Message&& m, double timeoutSeconds, const std::string& callKind,
-                        const std::string& what, std::function<void(std::exception_ptr)> then);
-  // sendTracked() from a pool thread, counted in flight from now.
-  void sendTrackedLater(int dst, message::Message&& m, const std::string& what,
-                        std::function<void(std::exception_ptr)> then);
+                        const std::string& what, std::function<void(std::exception_ptr)> then,
+                        bool thenWhereAnswered = false);
+  // sendTracked() where it cannot wait, counted in flight from now: at once
+  // when the connection takes the message without waiting (never on the I/O
+  // thread, which must not connect), else from a pool thread.
+  void sendTrackedSoon(int dst, message::Message&& m, const std::string& what,
+                       std::function<void(std::exception_ptr)> then);
   // The owner acknowledged (or failed to) fork `forkId`: confirm the pending
   // user; tell the parent (if >= 0) with CHILD_ACCEPT.
   void confirmUser(const ForkId& forkId, std::exception_ptr error, int parent);

@@ -65,13 +65,17 @@ void RRefContext::installHandlers() {
     });
   };
   install(message::MessageType::kRemoteCall);
+  agent_->setFastPath(message::MessageType::kRemoteCall, [weak](message::Message& request, int callerRank, const message::Reply& reply) {
+    auto self = weak.lock();
+    return self && self->remoteAtOnce(request, callerRank, reply);
+  });
   install(message::MessageType::kRRefFetch);
-  agent_->setFastPath(message::MessageType::kRRefFetch, [weak](const message::Message& request, const message::Reply& reply) {
+  agent_->setFastPath(message::MessageType::kRRefFetch, [weak](message::Message& request, int, const message::Reply& reply) {
     auto self = weak.lock();
     return self && self->fetchAtOnce(request, reply);
   });
   install(message::MessageType::kRRefUserDelete);
-  agent_->setFastPath(message::MessageType::kRRefUserDelete, [weak](const message::Message& request, const message::Reply& reply) {
+  agent_->setFastPath(message::MessageType::kRRefUserDelete, [weak](message::Message& request, int, const message::Reply& reply) {
     auto self = weak.lock();
     return self && self->deleteAtOnce(request, reply);
   });
@@ -80,17 +84,46 @@ void RRefContext::installHandlers() {
   install(message::MessageType::kRRefMethodCall);
 }
 
-void RRefContext::handleRemoteCall(message::Message&& request, int callerRank, const message::Reply& reply) {
+std::shared_ptr<OwnerRRef> RRefContext::startRemote(message::Message& request, int callerRank, message::Message* call) {
   RRefId rrefId;
   ForkId forkId;
-  message::Message call = parseRemoteCall(std::move(request), &rrefId, &forkId);
-  // The caller's UserRRef is registered at once (Early Fork Registration). A
-  // value being created counts in flight (waitIdle, graceful shutdown), also
-  // after its caller stopped waiting.
+  *call = parseRemoteCall(std::move(request), &rrefId, &forkId);
+  // The caller's UserRRef is registered at once (Early Fork Registration).
   uint64_t expiry = 0;
   auto owner = owners_->startCreation(rrefId, &forkId, callerRank, &expiry);
   if (expiry) expiries_.cancel(expiry);  // it was awaited: created now, it never expires
-  runCreation(owner, std::move(call), callerRank, inFlight_.begin(), [reply] { reply(ackMessage(reply.id())); });
+  return owner;
+}
+
+void RRefContext::handleRemoteCall(message::Message&& request, int callerRank, const message::Reply& reply) {
+  // A value being created counts in flight (waitIdle, graceful shutdown),
+  // also after its caller stopped waiting.
+  auto token = inFlight_.begin();
+  message::Message call;
+  auto owner = startRemote(request, callerRank, &call);
+  runCreation(owner, std::move(call), callerRank, std::move(token), [reply] { reply(ackMessage(reply.id())); });
+}
+
+bool RRefContext::remoteAtOnce(message::Message& request, int callerRank, const message::Reply& reply) {
+  try {
+    (void)remoteCallType(request);
+  } catch (...) {
+    return false;  // malformed: the pool's handler reports it
+  }
+  auto token = inFlight_.begin();
+  message::Message call;
+  std::shared_ptr<OwnerRRef> owner;
+  try {
+    owner = startRemote(request, callerRank, &call);
+  } catch (...) {  // created already, or this context stopped
+    reply.error(message::describeException(std::current_exception(), message::messageTypeName(message::MessageType::kRemoteCall),
+                                           workerName()));
+    return true;
+  }
+  agent_->pool().run([self = shared_from_this(), owner, call = std::move(call), callerRank, token, reply]() mutable {
+    self->runCreation(owner, std::move(call), callerRank, std::move(token), [reply] { reply(ackMessage(reply.id())); });
+  });
+  return true;
 }
 
 namespace {
@@ -287,10 +320,9 @@ void RRefContext::onChildAccept(const ForkId& forkId) {
 void RRefContext::userReleased(UserRRef& user) {
   if (!users_.forget(user.forkId())) return;  // stopped: nothing is sent any more
   if (!user.confirmed() || !user.markDeleted()) return;
-  // Sent from the pool: the last handle often dies in Python, with the GIL
-  // held, and sending may block (connecting, backpressure).
-  sendTrackedLater(user.owner(), idsMessage(message::MessageType::kRRefUserDelete, user.id(), user.forkId()), "USER_DELETE",
-                   nullptr);
+  // The last handle often dies in Python, with the GIL held.
+  sendTrackedSoon(user.owner(), idsMessage(message::MessageType::kRRefUserDelete, user.id(), user.forkId()), "USER_DELETE",
+                  nullptr);
 }
 
 }  // namespace torchrpc::rref

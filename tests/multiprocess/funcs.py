@@ -169,6 +169,13 @@ def polls_withheld():
     return _C.debug_counters()["polls_withheld"]
 
 
+def pool_tasks():
+    """Tasks queued on this process's thread pools so far (this call's own included)."""
+    from torchrpc import _C
+
+    return _C.debug_counters()["pool_tasks"]
+
+
 def sleep(seconds):
     time.sleep(seconds)
     return seconds

@@ -431,6 +431,29 @@ def test_values_fetched_before_they_exist_and_freed_when_dropped():
     assert len(rpc.rpc_sync("worker1", rref_funcs.live_rrefs)["owners"]) == before
 
 
+def test_a_remote_and_its_fetch_cost_one_pool_task_on_the_owner_and_none_on_the_caller():
+    # The owner registers a REMOTE_CALL's RRef on its I/O thread as it reads
+    # it, so the fetch sent right behind it finds the entry there and is
+    # answered by the thread that creates the value: one pool task per
+    # remote() + to_here(), the creation. (When the registration ran on the
+    # pool, a fetch read before it made a pool task of its own: up to two.)
+    # The script value's USER_DELETE is freed on the I/O thread too. The
+    # caller needs no pool task at all: the owner's ack confirms the RRef
+    # where it is read, and the USER_DELETE leaves from the thread that drops
+    # it (a pool thread's wake-up took the core from the next call).
+    n = 40
+    before = rpc.rpc_sync("worker2", funcs.pool_tasks)
+    here = funcs.pool_tasks()
+    for _ in range(n):
+        rref = rpc.remote("worker2", funcs.add, args=(torch.ones(2), torch.ones(2)))
+        assert torch.equal(rref.to_here(), torch.full((2,), 2.0))
+        del rref
+    here = funcs.pool_tasks() - here
+    tasks = rpc.rpc_sync("worker2", funcs.pool_tasks) - before  # this call's task included
+    assert tasks <= n + 2, f"{n} remote() + to_here() cost worker2 {tasks} pool tasks"
+    assert here <= 2, f"{n} remote() + to_here() cost their caller {here} pool tasks"
+
+
 # ---- timeouts --------------------------------------------------------------------------
 
 def test_remote_timeout_surfaces_on_to_here():
