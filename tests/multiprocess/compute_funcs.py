@@ -51,6 +51,17 @@ def this_thread_num_threads():
     return torch.get_num_threads()
 
 
+def openmp_threads_here():
+    """The OpenMP thread count of the thread that runs the call, as oneDNN's
+    ops (LSTM, convolutions) read it: omp_get_max_threads(), which no torch
+    call here initialises first (torch.get_num_threads() would)."""
+    import ctypes
+    import os
+
+    gomp = os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp.so.1")
+    return ctypes.CDLL(gomp if os.path.exists(gomp) else None).omp_get_max_threads()
+
+
 def torch_setting():
     """torch's intra-op thread setting in this process: what a thread that has
     run no op yet gets (torch sets each thread's count at its first use)."""

@@ -15,10 +15,16 @@ from tests.multiprocess.cluster import Cluster
 from tests.multiprocess.probes import cpu_seconds
 
 
+# worker3's program sets torch's count before init_rpc, to one that is not
+# OpenMP's default (the cores), so that a thread that skipped it shows.
+SET_BY_PROGRAM = (os.cpu_count() or 1) + 1
+
+
 @pytest.fixture(scope="module", autouse=True)
 def job():
     # worker2 overrides the setting; worker1 keeps torch's.
-    with Cluster(3, worker_env={2: {"TORCHRPC_INTRA_OP_THREADS": "1"}}) as c:
+    with Cluster(4, worker_env={2: {"TORCHRPC_INTRA_OP_THREADS": "1"},
+                                3: {"TEST_TORCH_NUM_THREADS": str(SET_BY_PROGRAM)}}) as c:
         yield c
 
 
@@ -36,6 +42,16 @@ def test_pool_threads_follow_torchs_setting():
     # and each of them does: calls in flight at once run on different pool threads
     futs = [rpc.rpc_async("worker1", cf.this_thread_num_threads) for _ in range(8)]
     assert [f.wait() for f in futs] == [setting] * 8
+
+
+def test_onednn_ops_on_pool_threads_follow_the_programs_setting():
+    # oneDNN's ops (an LSTM, a convolution) read the thread's OpenMP count
+    # directly. Pool threads that took torch's setting only lazily, at their
+    # first ATen parallel op, ran them with OpenMP's default (the cores)
+    # before that, whatever torch.set_num_threads said (upstream's RPC threads
+    # still do): a spinning extra thread, and results off in the last digits.
+    futs = [rpc.rpc_async("worker3", cf.openmp_threads_here) for _ in range(8)]
+    assert [f.wait() for f in futs] == [SET_BY_PROGRAM] * 8
 
 
 def test_intra_op_threads_variable_overrides_torchs_setting():

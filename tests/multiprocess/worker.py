@@ -5,6 +5,7 @@ import argparse
 import ctypes
 import faulthandler
 import json
+import os
 import signal
 import sys
 
@@ -47,6 +48,11 @@ def main():
 
     import torchrpc as rpc
     from tests.multiprocess import funcs, rref_funcs  # noqa: F401  (registers their names)
+
+    if "TEST_TORCH_NUM_THREADS" in os.environ:  # a program that sets torch's thread count before init_rpc
+        import torch
+
+        torch.set_num_threads(int(os.environ["TEST_TORCH_NUM_THREADS"]))
 
     options = dict(num_worker_threads=args.threads, init_timeout=60, **args.options)
     if args.store:
