@@ -153,9 +153,13 @@ class UserRRef final : public RRef {
 
   const ForkId& forkId() const { return forkId_; }
   bool confirmed() const { return confirmed_.load(); }
-  void confirm() {
+  // The owner acknowledged this fork. Returns the creation future for the
+  // caller to complete (with None) when this is its first completion, else
+  // null: the context completes it after it let go of the RRef, so that a
+  // thread waiting on it holds the last reference (and sends USER_DELETE).
+  c10::intrusive_ptr<c10::ivalue::Future> confirm() {
     confirmed_.store(true);
-    created(nullptr);
+    return created_.exchange(true) ? nullptr : creation_;
   }
   // Completes (None) once the owner has the value, or with remote()'s error
   // (RRef._get_future()); users that are not remote()'s are done when confirmed.

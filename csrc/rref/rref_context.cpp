@@ -274,12 +274,13 @@ void RRefContext::confirmUser(const ForkId& forkId, std::exception_ptr error, in
   }
   // Confirmed even on error, so that it can be released (its USER_DELETE
   // then fails the same way, quietly).
-  if (user) user->confirm();
+  auto creation = user ? user->confirm() : nullptr;
   if (parent >= 0) {
     sendTracked(parent, idsMessage(message::MessageType::kRRefChildAccept, forkId), kProtocolTimeoutSeconds, "rref",
                 "CHILD_ACCEPT", nullptr);
   }
   user.reset();  // may be the last reference: sends USER_DELETE
+  if (creation) creation->markCompleted(c10::IValue());
 }
 
 // ---- sending -------------------------------------------------------------------------

@@ -440,13 +440,16 @@ def test_a_remote_and_its_fetch_cost_one_pool_task_on_the_owner_and_none_on_the_
     # The script value's USER_DELETE is freed on the I/O thread too. The
     # caller needs no pool task at all: the owner's ack confirms the RRef
     # where it is read, and the USER_DELETE leaves from the thread that drops
-    # it (a pool thread's wake-up took the core from the next call).
+    # the RRef (a pool thread's wake-up took the core from the next call).
+    # The I/O thread, which must not connect, hands it to the pool when it
+    # drops the last reference itself: here the ack has been read first.
     n = 40
     before = rpc.rpc_sync("worker2", funcs.pool_tasks)
     here = funcs.pool_tasks()
     for _ in range(n):
         rref = rpc.remote("worker2", funcs.add, args=(torch.ones(2), torch.ones(2)))
         assert torch.equal(rref.to_here(), torch.full((2,), 2.0))
+        rref._get_future().wait()  # confirmed: this thread holds the last reference
         del rref
     here = funcs.pool_tasks() - here
     tasks = rpc.rpc_sync("worker2", funcs.pool_tasks) - before  # this call's task included
