@@ -227,6 +227,13 @@ bool Agent::sendsAtOnce(int dst, uint64_t bytes) const {
 
 bool Agent::onLoop() const { return loop_->inLoop(); }
 
+bool Agent::scopesPlainRequests() const {
+  for (const auto& interceptor : interceptors_) {
+    if (interceptor->scopesPlainRequests()) return true;
+  }
+  return false;
+}
+
 void Agent::onResponse(message::Message&& m, int src, uint64_t connectionId) {
   auto call = pending_.take(m.id, connectionId);
   if (!call) {

@@ -125,6 +125,9 @@ class Agent : public std::enable_shared_from_this<Agent> {
   // The calling thread holds the I/O loop's turn (in a fast path or a
   // connection's callback): it must not wait for anything.
   bool onLoop() const;
+  // Some interceptor would give a request without an envelope a scope now
+  // (Interceptor::scopesPlainRequests): fast paths that would skip it decline.
+  bool scopesPlainRequests() const;
 
   // The one switch on the message type, on the calling (pool) thread: runs
   // `request` with the handler of its type and answers `reply`. RRef owners

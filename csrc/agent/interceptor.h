@@ -67,6 +67,10 @@ class Interceptor {
   // Callee, on the pool thread, before the request is dispatched. Returns the
   // scope to run it under, or null when the request carries none.
   virtual std::shared_ptr<CallScope> incomingRequest(message::Message& request, int src) = 0;
+  // Whether incomingRequest() would now give a request that came without an
+  // envelope a scope (the server's global profiler). A fast path that would
+  // run such a request's work outside the scope leaves it to the pool then.
+  virtual bool scopesPlainRequests() const { return false; }
   // The agent shut down: drop what it was keeping for calls.
   virtual void stop() {}
 };

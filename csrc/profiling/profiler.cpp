@@ -308,6 +308,8 @@ std::shared_ptr<agent::CallScope> Profiler::incomingRequest(message::Message& re
   return std::make_shared<Scope>(configOf(env.settings), /*returnEvents=*/true, agent_.options().name);
 }
 
+bool Profiler::scopesPlainRequests() const { return globalConfig().has_value(); }
+
 bool profiled() { return legacyProfilerOn(); }
 
 c10::intrusive_ptr<c10::ivalue::Future> localCall(const agent::Agent& agent, const std::string& callKind,

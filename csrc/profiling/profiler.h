@@ -62,6 +62,7 @@ class Profiler : public agent::Interceptor, public std::enable_shared_from_this<
   void outgoingRequest(message::Message& request, const agent::Outgoing& call) override;
   void incomingResponse(message::Message& response, int src) override;
   std::shared_ptr<agent::CallScope> incomingRequest(message::Message& request, int src) override;
+  bool scopesPlainRequests() const override;
 
   struct Call;  // a profiled call in flight (profiler.cpp)
   // Starts a call's range on this thread; null for kinds not profiled.

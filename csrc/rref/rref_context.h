@@ -189,7 +189,8 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // The I/O thread's handling of a plain REMOTE_CALL: registers its RRef in
   // the order requests arrive, so that a fetch or method call read right
   // after it finds the entry there (no pool task of its own), then queues
-  // the creation on the pool. False (malformed) leaves it to the pool.
+  // the creation on the pool. False (malformed, or the server's global
+  // profiler on) leaves it to the pool.
   bool remoteAtOnce(message::Message& request, int callerRank, const message::Reply& reply);
   void handleFetch(message::Message&& request, int callerRank, const message::Reply& reply);
   void handleMethodCall(message::Message&& request, int callerRank, const message::Reply& reply);

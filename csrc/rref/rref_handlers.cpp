@@ -105,6 +105,9 @@ void RRefContext::handleRemoteCall(message::Message&& request, int callerRank, c
 }
 
 bool RRefContext::remoteAtOnce(message::Message& request, int callerRank, const message::Reply& reply) {
+  // The server's global profiler records a request's work under the scope
+  // the pool's dispatch gives it: the creation must run there then.
+  if (agent_->scopesPlainRequests()) return false;
   try {
     (void)remoteCallType(request);
   } catch (...) {

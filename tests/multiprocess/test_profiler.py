@@ -125,11 +125,13 @@ def test_server_process_global_profiler():
     inner = rpc.remote("worker1", rpc._server_process_global_profile)
     inner.rpc_sync().__enter__()
     rpc.rpc_sync("worker1", torch.sub, args=(torch.ones(1), 1))
+    # a value remote() creates is recorded too (its REMOTE_CALL leaves the I/O thread's fast path then)
+    assert torch.equal(rpc.remote("worker1", torch.mul, args=(torch.ones(1), 3)).to_here(), torch.full((1,), 3.0))
     inner.rpc_sync().__exit__(None, None, None)
     outer.rpc_sync().__exit__(None, None, None)
     inner_events = [n for request in rpc.rpc_sync("worker1", F.global_profile_events, args=(inner,)) for n in request]
     outer_events = [n for request in rpc.rpc_sync("worker1", F.global_profile_events, args=(outer,)) for n in request]
-    assert "aten::sub" in inner_events and "aten::add" not in inner_events
+    assert "aten::sub" in inner_events and "aten::mul" in inner_events and "aten::add" not in inner_events
     assert "aten::sub" in outer_events and "aten::add" in outer_events
 
 
