@@ -14,6 +14,7 @@ import argparse
 import faulthandler
 import importlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,8 +44,11 @@ class TorchBackendJob:
         self.prefix = prefix or (lambda rank: [])  # what runs a rank's command (e.g. ip netns exec)
         self.dir = tempfile.mkdtemp(prefix="torchrpc-backend-")
         self.procs = {}
+        self._final_logs = None  # the logs, once __exit__ removed the folder
 
     def log(self, rank):
+        if self._final_logs is not None:
+            return self._final_logs.get(rank, "")
         with open(os.path.join(self.dir, f"worker{rank}.log")) as f:
             return f.read()
 
@@ -70,6 +74,10 @@ class TorchBackendJob:
     def __exit__(self, *exc):
         cluster._live.discard(self)
         self.kill_all()
+        # The folder goes (as a cluster's does); log() still answers from what the logs held.
+        self._final_logs = {rank: self.log(rank) for rank in self.procs
+                            if os.path.exists(os.path.join(self.dir, f"worker{rank}.log"))}
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def kill_all(self):
         for proc in self.procs.values():
