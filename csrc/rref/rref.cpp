@@ -70,11 +70,12 @@ UserRRef::UserRRef(std::weak_ptr<RRefContext> ctx, int owner, RRefId id, ForkId 
 }
 
 void UserRRef::created(std::exception_ptr error) {
-  if (created_.exchange(true)) return;
+  auto creation = takeCreation();
+  if (!creation) return;
   if (error) {
-    creation_->setError(std::move(error));
+    creation->setError(std::move(error));
   } else {
-    creation_->markCompleted(c10::IValue());
+    creation->markCompleted(c10::IValue());
   }
 }
 

@@ -159,7 +159,7 @@ class UserRRef final : public RRef {
   // thread waiting on it holds the last reference (and sends USER_DELETE).
   c10::intrusive_ptr<c10::ivalue::Future> confirm() {
     confirmed_.store(true);
-    return created_.exchange(true) ? nullptr : creation_;
+    return takeCreation();
   }
   // Completes (None) once the owner has the value, or with remote()'s error
   // (RRef._get_future()); users that are not remote()'s are done when confirmed.
@@ -186,6 +186,9 @@ class UserRRef final : public RRef {
   const ForkId forkId_;
   std::atomic<bool> confirmed_;
   std::atomic<bool> deleted_{false};
+  // The creation future for its one completer (the first to ask), else null.
+  c10::intrusive_ptr<c10::ivalue::Future> takeCreation() { return created_.exchange(true) ? nullptr : creation_; }
+
   c10::intrusive_ptr<c10::ivalue::Future> creation_;
   std::atomic<bool> created_{false};
   mutable std::mutex mutex_;

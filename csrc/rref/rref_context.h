@@ -184,6 +184,9 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // A REMOTE_CALL's owner entry, with its caller's fork, moving the creating
   // call out of `request` into *call. Throws if the value exists already.
   std::shared_ptr<OwnerRRef> startRemote(message::Message& request, int callerRank, message::Message* call);
+  // Runs the creation (runCreation), then acks the REMOTE_CALL.
+  void createAndAck(const std::shared_ptr<OwnerRRef>& owner, message::Message&& call, int callerRank,
+                    InFlight::Token token, const message::Reply& reply);
   // The pool's handler, for a REMOTE_CALL in an envelope (a context, a profile).
   void handleRemoteCall(message::Message&& request, int callerRank, const message::Reply& reply);
   // The I/O thread's handling of a plain REMOTE_CALL: registers its RRef in

@@ -95,13 +95,18 @@ std::shared_ptr<OwnerRRef> RRefContext::startRemote(message::Message& request, i
   return owner;
 }
 
+void RRefContext::createAndAck(const std::shared_ptr<OwnerRRef>& owner, message::Message&& call, int callerRank,
+                               InFlight::Token token, const message::Reply& reply) {
+  runCreation(owner, std::move(call), callerRank, std::move(token), [reply] { reply(ackMessage(reply.id())); });
+}
+
 void RRefContext::handleRemoteCall(message::Message&& request, int callerRank, const message::Reply& reply) {
   // A value being created counts in flight (waitIdle, graceful shutdown),
   // also after its caller stopped waiting.
   auto token = inFlight_.begin();
   message::Message call;
   auto owner = startRemote(request, callerRank, &call);
-  runCreation(owner, std::move(call), callerRank, std::move(token), [reply] { reply(ackMessage(reply.id())); });
+  createAndAck(owner, std::move(call), callerRank, std::move(token), reply);
 }
 
 bool RRefContext::remoteAtOnce(message::Message& request, int callerRank, const message::Reply& reply) {
@@ -124,7 +129,7 @@ bool RRefContext::remoteAtOnce(message::Message& request, int callerRank, const 
     return true;
   }
   agent_->pool().run([self = shared_from_this(), owner, call = std::move(call), callerRank, token, reply]() mutable {
-    self->runCreation(owner, std::move(call), callerRank, std::move(token), [reply] { reply(ackMessage(reply.id())); });
+    self->createAndAck(owner, std::move(call), callerRank, std::move(token), reply);
   });
   return true;
 }
