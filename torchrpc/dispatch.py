@@ -11,7 +11,6 @@ it a remote() (the new RRef's native handle, which :mod:`torchrpc.rref`
 wraps).
 """
 
-import functools
 
 import torch
 
@@ -64,9 +63,7 @@ def invoke(call_kind, to, func, args=None, kwargs=None, timeout=constants.UNSET_
 def _start(callee, call_kind, session, dst, args, kwargs, seconds, again=False):
     """Builds the call's message once, then sends it or makes it a remote().
     `again`: the resend of a call whose callee lacked the function (with its
-    code, or its whole pickle). A resend is a functools.partial of this
-    function: it holds no reference back to its Invocation, so no cycle keeps
-    the arguments (tensors, RRefs) alive until the garbage collector runs."""
+    code, or its whole pickle)."""
     remote = call_kind == "remote"
     message, function, forks = callee.build(call_kind, dst, args, kwargs, remote, again)
     try:
@@ -80,9 +77,27 @@ def _start(callee, call_kind, session, dst, args, kwargs, seconds, again=False):
         raise
     if forks:  # RRefs sent to their owner: released when it answers
         session.rref_ctx.release_when_answered(call, forks)
-    resend = None if again or not callee.resends else functools.partial(
-        _start, callee, call_kind, session, dst, args, kwargs, seconds, True)
-    return Invocation(call, callee.decode, resend)
+    if again or not callee.resends:
+        return Invocation(call, callee.decode)
+    return _Resendable(call, callee, call_kind, session, dst, args, kwargs, seconds)
+
+
+class _Resendable(Invocation):
+    """A call that is sent once more, with the function itself, if its callee
+    lacks it: it keeps what _start was given (its own slots, not a closure,
+    so a call in flight allocates nothing more; nothing refers back to it,
+    so no cycle keeps the arguments alive)."""
+
+    __slots__ = ("_callee", "_call_kind", "_session", "_dst", "_args", "_kwargs", "_seconds")
+
+    def __init__(self, call, callee, call_kind, session, dst, args, kwargs, seconds):
+        super().__init__(call, callee.decode)
+        self._callee, self._call_kind, self._session, self._dst = callee, call_kind, session, dst
+        self._args, self._kwargs, self._seconds = args, kwargs, seconds
+
+    def resend(self):
+        return _start(self._callee, self._call_kind, self._session, self._dst, self._args, self._kwargs,
+                      self._seconds, again=True)
 
 
 def classify(call_kind, func):

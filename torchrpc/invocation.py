@@ -22,22 +22,34 @@ def _in_callback():
 
 
 class Invocation:
-    """One call in flight: the native Call, how to decode its value, and how
-    to resend it with the function itself when the callee does not know it
-    (a Python function it has not cached, a TorchScript function it lacks)."""
+    """One call in flight: the native Call, and how to decode its value. A
+    call that can be resent with the function itself, when the callee does
+    not know it (a Python function it has not cached, a TorchScript function
+    it lacks), overrides :meth:`resend`.
 
-    __slots__ = ("call", "decode", "resend", "_pending", "__weakref__")
+    Each rpc_async keeps a few of these objects alive while it is in flight;
+    Python's garbage collector walks them all (and, once they reach the old
+    generation, the whole heap), so a call makes as few as it can: this
+    object, its ``_Pending``, its future and that future's weak reference."""
 
-    def __init__(self, call, decode, resend=None):
+    __slots__ = ("call", "decode", "_pending", "_future", "__weakref__")
+
+    def __init__(self, call, decode):
         self.call = call
         self.decode = decode
-        self.resend = resend
         self._pending = None  # see _complete()
+        self._future = None
+
+    def resend(self):
+        """The call sent again with its function, or None when it cannot be."""
+        return None
 
     def _outcome(self):
         ok, value = self.call.result()
-        if not ok and self.resend is not None and value[2] == errors.UnknownFunctionError.REMOTE_TYPE:
-            return None, self.resend()
+        if not ok and value[2] == errors.UnknownFunctionError.REMOTE_TYPE:
+            again = self.resend()
+            if again is not None:
+                return None, again
         if not ok:
             raise errors.from_native(value)
         return self.decode(value), None
@@ -52,26 +64,20 @@ class Invocation:
         return fut
 
     def _complete(self, fut):
-        # `pending` holds the right to settle fut in Python: whoever pops it
-        # first (the callback thread's `done`, or a waiting thread) settles;
-        # list.pop is atomic under the GIL. It also holds this call (and so
-        # its arguments, for a resend); the future refers to the call weakly.
-        # A `done` that will not run may sit in its queue a while, and then
-        # holds nothing. A plain value completes fut natively instead, on the
-        # callback thread without the GIL, which empties `pending` later
-        # (Call.add_done_callback); the call's settle token decides between
-        # that and Python.
-        pending = self._pending = [(self, fut)]
+        # `pending` holds the right to settle fut in Python: whoever pops this
+        # invocation from it first (the callback thread calling it, or a
+        # waiting thread) settles; list.pop is atomic under the GIL. It also
+        # holds this call (and so its arguments, for a resend, and fut); the
+        # future refers to the call weakly. A `pending` that will not run may
+        # sit in its queue a while, and then holds nothing. A plain value
+        # completes fut natively instead, on the callback thread without the
+        # GIL, which empties `pending` later (Call.add_done_callback); the
+        # call's settle token decides between that and Python.
+        pending = self._pending = _Pending((self,))
+        self._future = fut
         fut._invocation = weakref.ref(self)
-
-        def done():
-            taken = _take(pending)
-            if taken is not None:
-                invocation, future = taken
-                invocation._settle(future)
-
         native_target = fut if self.decode is plain else None
-        self.call.add_done_callback(state.callbacks(), done, native_target, pending, fut._callbacks_added)
+        self.call.add_done_callback(state.callbacks(), pending, native_target, pending, fut._callbacks_added)
 
     def settle(self, fut):
         """Completes fut with this call's outcome (or hands it to the resent
@@ -79,11 +85,12 @@ class Invocation:
         this thread did."""
         if _take(self._pending) is None:
             return False
-        self._settle(fut)
+        self._settle()
         return True
 
-    def _settle(self, fut):
-        self._pending = None
+    def _settle(self):
+        fut = self._future
+        self._pending = self._future = None
         if not self.call.take_settle():
             return  # completed natively
         try:
@@ -102,6 +109,20 @@ class Invocation:
             fut.set_result(value)
 
 
+class _Pending(list):
+    """The invocation whose future is still to be settled in Python (one
+    item, or none once taken); the callback thread calls it when the call
+    completes. One object serves as that callback and as the list the
+    native completion empties."""
+
+    __slots__ = ()
+
+    def __call__(self):
+        invocation = _take(self)
+        if invocation is not None:
+            invocation._settle()
+
+
 def _fail(fut, exc):
     """Fails `fut` with `exc` as an error of its C++ future (so wait_all and
     collect_all stop at it), not as a value that wait() raises."""
@@ -109,7 +130,7 @@ def _fail(fut, exc):
 
 
 def _take(pending):
-    """The (invocation, future) still in `pending`, taken out, or None."""
+    """The invocation still in `pending`, taken out, or None."""
     try:
         return pending.pop() if pending else None
     except IndexError:  # another thread took it between the test and the pop
@@ -127,7 +148,9 @@ class InvocationFuture(torch.futures.Future):
     is on that thread, so it settles that call itself instead of waiting
     for itself."""
 
-    _invocation = None  # a weak reference to the call that settles it; None once settled
+    # A weak reference to the call that settles it, None once settled: a
+    # slot, so that a future in flight has no __dict__ for the collector to walk.
+    __slots__ = ("_invocation",)
     _callbacks_added = False
 
     def wait(self):
