@@ -250,7 +250,13 @@ class _Python(_Callee):
         super().__init__(target)
         self.unconfirmed = None  # (peer, hash) of a function sent in full, until its answer
 
-    def decode(self, value):
+    @property
+    def decode(self):
+        # This callee itself (__call__): a bound method would be one more
+        # object per call in flight for the garbage collector to walk.
+        return self
+
+    def __call__(self, value):
         result = python_fallback.decode_result(value)
         if self.unconfirmed is not None:  # the callee decoded the whole function: later calls send its hash
             python_fallback.confirm_sent(self.unconfirmed)

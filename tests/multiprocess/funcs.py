@@ -176,6 +176,17 @@ def pool_tasks():
     return _C.debug_counters()["pool_tasks"]
 
 
+def forget_python_functions():
+    """Empties this worker's cache of Python functions callers sent in full
+    (as a full cache or a restart would); returns how many it held."""
+    from torchrpc import python_fallback
+
+    with python_fallback._lock:
+        held = len(python_fallback._received)
+        python_fallback._received.clear()
+    return held
+
+
 def sleep(seconds):
     time.sleep(seconds)
     return seconds

@@ -105,6 +105,16 @@ def test_python_callables(kind):
     assert call(kind, "worker1", sorted, args=([3, 1, 2],)) == [1, 2, 3]
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_python_function_the_callee_no_longer_caches_is_sent_again_in_full(kind):
+    x = torch.ones(2)
+    assert torch.equal(call(kind, "worker1", funcs.py_add, args=(x, x)), x + x)  # cached there from now on
+    assert rpc.rpc_sync("worker1", funcs.forget_python_functions) >= 1
+    # Sent by its hash, refused as unknown, then resent with the function itself.
+    assert torch.equal(call(kind, "worker1", funcs.py_add, args=(x, 2 * x)), 3 * x)
+    assert torch.equal(call(kind, "worker1", funcs.py_add, args=(x, 3 * x)), 4 * x)
+
+
 def test_closure_sees_current_values():
     # A lambda is pickled on every call, so what it captured is always current.
     for value in range(3):
