@@ -87,6 +87,29 @@ void Call::addDoneCallback(std::shared_ptr<pf::CallbackRunner> runner, py::objec
   });
 }
 
+namespace {
+constexpr const char* kMessageCapsule = "torchrpc.Message";
+}  // namespace
+
+py::capsule messageCapsule(Message&& m) {
+  auto* held = new std::optional<Message>(std::move(m));
+  return py::capsule(held, kMessageCapsule, [](PyObject* o) {
+    delete static_cast<std::optional<Message>*>(PyCapsule_GetPointer(o, kMessageCapsule));
+  });
+}
+
+Message takeMessage(const py::capsule& capsule) {
+  auto* held = static_cast<std::optional<Message>*>(PyCapsule_GetPointer(capsule.ptr(), kMessageCapsule));
+  if (held == nullptr) {
+    PyErr_Clear();
+    throw py::type_error("expected a call message built by torchrpc");
+  }
+  TORCH_CHECK(held->has_value(), "this call message was sent already");
+  Message m = std::move(**held);
+  held->reset();
+  return m;
+}
+
 // A small send that will not wait keeps the GIL: released for a few
 // microseconds on every call, it went to the completion thread each time, and
 // the caller then waited for it.

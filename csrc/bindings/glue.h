@@ -95,17 +95,14 @@ struct Call {
                        py::object release, bool callbacksAdded);
 };
 
-// A call message built by the caller, sent once (Agent.send or RRefContext.remote).
-struct OutgoingMessage {
-  std::optional<Message> message;
-
-  Message take() {
-    TORCH_CHECK(message, "this call message was sent already");
-    Message m = std::move(*message);
-    message.reset();
-    return m;
-  }
-};
+// A call message built by the caller, sent once (Agent.send or
+// RRefContext.remote). Python holds it as a capsule, not a pybind object:
+// pybind registers each of its instances in a global table, and inserting
+// and erasing there cost about a microsecond of every call.
+py::capsule messageCapsule(Message&& m);
+// The capsule's message, taken out (TypeError for any other object,
+// RuntimeError if it was sent already).
+Message takeMessage(const py::capsule& capsule);
 
 // A small send that will not wait keeps the GIL (see glue.cpp).
 bool sendMayWait(const Agent& agent, int dst, const Message& m);

@@ -29,7 +29,7 @@
 
 namespace rref = torchrpc::rref;
 namespace ag = torchrpc::autograd;
-using namespace torchrpc::bindings;  // glue.h: Call, OutgoingMessage, errorTuple, ...
+using namespace torchrpc::bindings;  // glue.h: Call, messageCapsule, errorTuple, ...
 
 namespace {
 
@@ -164,27 +164,26 @@ PYBIND11_MODULE(_C, m) {
 
   // Call messages, built once by the caller, then sent (Agent.send) or made a
   // remote() (RRefContext.remote).
-  py::class_<OutgoingMessage>(m, "Message");
   m.def("script_message", [](const std::string& name, const std::string& moduleHint, py::handle fn,
                              const py::tuple& args, const py::dict& kwargs, const py::object& shipped,
                              bool asyncExecution) {
-    return OutgoingMessage{pf::scriptCallMessage(name, moduleHint, fn, args, kwargs, shipped, asyncExecution)};
+    return messageCapsule(pf::scriptCallMessage(name, moduleHint, fn, args, kwargs, shipped, asyncExecution));
   });
   m.def(
       "named_message",
       [](const std::string& name, const py::tuple& args, const py::dict& kwargs, const std::string& kind,
          const py::object& shipped) {
-        return OutgoingMessage{pf::namedCallMessage(name, args, kwargs, kind, shipped)};
+        return messageCapsule(pf::namedCallMessage(name, args, kwargs, kind, shipped));
       },
       py::arg("name"), py::arg("args"), py::arg("kwargs"), py::arg("kind"), py::arg("shipped") = py::none());
   // (message, the overload's schema name)
   m.def("builtin_message", [](const std::string& opName, const py::tuple& args, const py::dict& kwargs) {
     std::string schemaName;
-    OutgoingMessage out{pf::builtinCallMessage(opName, args, kwargs, &schemaName)};
-    return py::make_tuple(py::cast(std::move(out)), schemaName);
+    py::capsule out = messageCapsule(pf::builtinCallMessage(opName, args, kwargs, &schemaName));
+    return py::make_tuple(std::move(out), schemaName);
   });
   m.def("python_message", [](const py::bytes& payload, std::vector<at::Tensor> tensors) {
-    return OutgoingMessage{pf::pythonCallMessage(payload, std::move(tensors))};
+    return messageCapsule(pf::pythonCallMessage(payload, std::move(tensors)));
   });
 
   py::class_<Agent, std::shared_ptr<Agent>>(m, "Agent")
@@ -243,8 +242,8 @@ PYBIND11_MODULE(_C, m) {
            },
            py::call_guard<py::gil_scoped_release>())
       .def("send",
-           [](Agent& a, int dst, OutgoingMessage& msg, double timeout, const std::string& kind,
-              const std::string& function) { return send(a, dst, msg.take(), timeout, kind, function); })
+           [](Agent& a, int dst, const py::capsule& msg, double timeout, const std::string& kind,
+              const std::string& function) { return send(a, dst, takeMessage(msg), timeout, kind, function); })
       .def("start_serving", &Agent::startServing)
       .def("wait_pending", &Agent::waitPending, py::call_guard<py::gil_scoped_release>())
       .def("shutdown", &Agent::shutdown, py::call_guard<py::gil_scoped_release>())

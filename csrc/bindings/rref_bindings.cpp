@@ -110,8 +110,8 @@ void bindRRefs(py::module_& m) {
              return c.createOwner(pf::pyObjectIValue(std::move(value)));
            })
       .def("remote",
-           [](rref::RRefContext& c, int dst, OutgoingMessage& msg, double timeout, const std::string& function) {
-             Message call = msg.take();
+           [](rref::RRefContext& c, int dst, const py::capsule& msg, double timeout, const std::string& function) {
+             Message call = takeMessage(msg);
              py::gil_scoped_release nogil;
              return c.remote(dst, std::move(call), timeout, function);
            })
