@@ -153,6 +153,11 @@ class InvocationFuture(torch.futures.Future):
     __slots__ = ("_invocation",)
     _callbacks_added = False
 
+    def __init__(self, _init=torch._C.Future.__init__):
+        # torch.futures.Future's own __init__ only converts `devices` (none
+        # here: CPU values), in Python; this skips that frame on every call.
+        _init(self, ())
+
     def wait(self):
         self._drive()
         return super().wait()
