@@ -131,11 +131,14 @@ class RRef:
         """A future that completes once remote()'s call is answered, and with
         it recorded in the caller's profiler (upstream's name); completed at
         once for an RRef that no remote() of this worker is creating."""
-        future = self._handle.creation_future()
-        if future is None:
+        call = self._handle.profiled_creation()
+        if call is None:
             future = torch.futures.Future()
             future.set_result(None)
-        return future
+            return future
+        # Settled as rpc_async's futures are: its callbacks run on the
+        # callback thread, never on the I/O thread that answers the call.
+        return Invocation(call, _no_value).future()
 
     # ---- values -------------------------------------------------------------
 

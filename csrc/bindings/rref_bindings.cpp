@@ -41,11 +41,12 @@ void bindRRefs(py::module_& m) {
              if (!e) return py::none();
              return py::make_tuple(e->first, e->second, "", "");
            })
-      // remote()'s call, as a torch.futures.Future (None for an RRef not made by remote() here).
-      .def("creation_future",
-           [](const rref::RRef& r) -> py::object {
-             if (!r.creation()) return py::none();
-             return torch::jit::toPyObject(c10::IValue(r.creation()));
+      // remote()'s call as a Call, once answered and recorded in the profiler
+      // (None for an RRef not made by remote() here while a profiler watched).
+      .def("profiled_creation",
+           [](const rref::RRef& r) -> std::optional<Call> {
+             if (!r.creation()) return std::nullopt;
+             return Call{r.creation(), nullptr};
            })
       // Owner only: (True, value) once the value exists, or (False, error tuple).
       .def("local_value",

@@ -5,6 +5,7 @@ one Chrome trace holds both workers, and profiling composes with
 distributed autograd."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -144,3 +145,16 @@ def test_a_remote_to_oneself():
     assert call.node_id == 0
     # the creation ran on a torchrpc thread, recorded in this profile
     assert [e for e in prof.function_events if e.name == "aten::mul" and e.thread != call.thread]
+
+
+def test_a_callback_on_the_profiling_future_runs_on_the_callback_thread():
+    # Added before remote()'s answer comes: it must not run on the I/O thread
+    # that receives it, which never waits for the GIL.
+    from torchrpc._extension import native
+
+    with profile():
+        rref = rpc.remote("worker1", time.sleep, args=(0.3,))
+        fut = rref._get_profiling_future()
+        on_callback_thread = fut.then(lambda f: native().on_callback_thread())
+        assert not fut.done()
+        assert on_callback_thread.wait() is True and fut.wait() is None
