@@ -11,7 +11,6 @@ it a remote() (the new RRef's native handle, which :mod:`torchrpc.rref`
 wraps).
 """
 
-
 import torch
 
 from torchrpc import callables, constants, errors, exported, functions, python_fallback, shipped_code, state
