@@ -83,7 +83,9 @@ void checkStrided(const at::Tensor& in, Name what) {
 void encodeStrided(const at::Tensor& in, Name what, uint64_t lendFrom, std::string& desc,
                    std::vector<Buffer>& buffers, std::vector<Buffer>& lent) {
   checkStrided(in, what);
-  at::Tensor t = in.detach();
+  // Held until written, without autograd history; a tensor that needs no
+  // gradient has none, and skips detach's trip through the dispatcher.
+  at::Tensor t = in.requires_grad() ? in.detach() : in;
   bool withStrides = false;
   uint64_t bytes = t.nbytes();
   if (!t.is_contiguous()) {  // non-empty: an empty tensor counts as contiguous
