@@ -83,9 +83,10 @@ void checkStrided(const at::Tensor& in, Name what) {
 void encodeStrided(const at::Tensor& in, Name what, uint64_t lendFrom, std::string& desc,
                    std::vector<Buffer>& buffers, std::vector<Buffer>& lent) {
   checkStrided(in, what);
-  // Held until written, without autograd history; a tensor that needs no
-  // gradient has none, and skips detach's trip through the dispatcher.
-  at::Tensor t = in.requires_grad() ? in.detach() : in;
+  // A new TensorImpl, held until written: the caller's own may carry its
+  // Python object, and dropping its last reference on the I/O thread would
+  // take the GIL there (a hang while Python holds it). No autograd history either.
+  at::Tensor t = in.detach();
   bool withStrides = false;
   uint64_t bytes = t.nbytes();
   if (!t.is_contiguous()) {  // non-empty: an empty tensor counts as contiguous
