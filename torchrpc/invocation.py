@@ -137,6 +137,9 @@ def _take(pending):
         return None
 
 
+_future_init = torch._C.Future.__init__
+
+
 class InvocationFuture(torch.futures.Future):
     """rpc_async's future. A thread that waits for it settles it itself;
     otherwise the torchrpc callback thread does. A waiter then needs no
@@ -153,10 +156,10 @@ class InvocationFuture(torch.futures.Future):
     __slots__ = ("_invocation",)
     _callbacks_added = False
 
-    def __init__(self, _init=torch._C.Future.__init__):
+    def __init__(self):
         # torch.futures.Future's own __init__ only converts `devices` (none
         # here: CPU values), in Python; this skips that frame on every call.
-        _init(self, ())
+        _future_init(self, ())
 
     def wait(self):
         self._drive()
