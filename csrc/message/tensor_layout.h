@@ -39,6 +39,8 @@
 #include <string>
 #include <vector>
 
+#include "common/python_held.h"
+
 namespace torchrpc::message::layout {
 
 constexpr uint64_t kSmallSpanBytes = 8u << 10;
@@ -66,11 +68,22 @@ bool supportedDtype(c10::ScalarType t);
 
 // ---- sending -----------------------------------------------------------------
 
-// A run of bytes that travels: a strided tensor's span. `owner` keeps it alive.
+// A run of bytes that travels: a strided tensor's span. `owner` keeps it
+// alive. Frames are dropped on the I/O thread, under the connection's lock:
+// an owner whose memory Python also holds is let go of on the rpc-drop thread
+// instead (common/python_held.h).
 struct Buffer {
   at::Tensor owner;
-  const char* data;
-  uint64_t bytes;
+  const char* data{nullptr};
+  uint64_t bytes{0};
+
+  Buffer() = default;
+  Buffer(at::Tensor owner, const char* data, uint64_t bytes) : owner(std::move(owner)), data(data), bytes(bytes) {}
+  Buffer(Buffer&&) noexcept = default;
+  Buffer& operator=(Buffer&&) noexcept = default;
+  Buffer(const Buffer&) = default;
+  Buffer& operator=(const Buffer&) = default;
+  ~Buffer() { common::release(owner); }
 };
 
 // Appends the descriptors of a message's tensors to `desc`, and their

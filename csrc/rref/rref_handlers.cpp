@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "common/logging.h"
+#include "common/python_held.h"
 #include "rref/rref_context.h"
 #include "rref/rref_messages.h"
 
@@ -278,12 +279,15 @@ void RRefContext::onUserDelete(const RRefId& rrefId, const ForkId& forkId) {
 namespace {
 
 // Whether freeing `v` needs no GIL and is cheap enough for the I/O thread:
-// TorchScript values (no Python object inside), tensors up to 1 MB.
+// TorchScript values, tensors up to 1 MB, none of it held by Python (an
+// `RRef(t)` of Python's, or a value Python fetched on its owner: see
+// common/python_held.h).
 bool freesAtOnce(const c10::IValue& v, int depth = 0) {
   if (depth > 4) return false;
   if (v.isNone() || v.isInt() || v.isDouble() || v.isBool() || v.isString()) return true;
   if (v.isTensor()) {
     const auto& t = v.toTensor();
+    if (common::pythonHeld(t)) return false;
     return !t.defined() || !t.has_storage() || t.storage().nbytes() <= (1u << 20);
   }
   if (v.isTuple()) {

@@ -2,6 +2,7 @@
 module under the same name, so script functions resolve by name and Python
 functions pickle by reference."""
 
+import contextlib
 import ctypes
 import os
 import queue
@@ -356,6 +357,22 @@ def hold_window():
     may run between the end of the hold and the main thread noting it)."""
     _hold_ended.wait(30)
     return _hold.get("start"), _hold.get("end")
+
+
+@contextlib.contextmanager
+def gil_held_on(worker, what, seconds=3.0):
+    """Runs the block (on the caller) while `worker`'s main thread holds its GIL
+    for `seconds`, and asserts that the block ran within that hold (`what`
+    names the block in the failure)."""
+    rpc.rpc_sync(worker, hold_gil_on_main, args=(seconds,))
+    time.sleep(0.5)  # let the main thread take the GIL
+    started = time.time()
+    yield
+    finished = time.time()
+    start, end = rpc.rpc_sync(worker, hold_window, timeout=30)  # a Python call: after the hold
+    assert end - start >= seconds - 0.01
+    assert start <= started and finished <= end, (
+        f"{what} ran from {started:.3f} to {finished:.3f}; {worker} held its GIL from {start:.3f} to {end:.3f}")
 
 
 def pid():

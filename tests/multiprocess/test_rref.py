@@ -213,6 +213,20 @@ def test_owner_keeps_a_local_value_its_users_dropped():
     assert rref_funcs.rref_to_here(rref) is value
 
 
+def test_a_value_python_held_is_freed_without_the_gil_on_the_io_thread():
+    # rpc.RRef(t) keeps t itself, whose Python object torch keeps alive while
+    # C++ holds t: freeing the value takes the GIL. The last user's delete
+    # must not make the owner's I/O thread wait for it while Python holds it.
+    rref = rpc.rpc_sync("worker1", rref_funcs.rref_of_python_value, args=(torch.ones(4),))
+    rpc.rpc_sync("worker1", rref_funcs.rref_settle)  # our fork is the last reference
+    rpc.rpc_sync("worker1", funcs.add, args=(torch.ones(1), torch.ones(1)))  # name lookup, once
+    with funcs.gil_held_on("worker1", "script calls after the delete"):
+        del rref  # its USER_DELETE reaches worker1 before the calls below
+        for _ in range(10):
+            assert torch.equal(rpc.rpc_sync("worker1", funcs.add, args=(torch.ones(2), torch.ones(2)), timeout=10),
+                               torch.full((2,), 2.0))
+
+
 def test_fork_then_drop_before_confirmation():
     # worker0 creates a value on worker1 and, before worker1 even confirmed
     # remote(), forks the RRef to worker2 and drops its own copy. worker2 must
@@ -390,24 +404,13 @@ def test_tensors_that_require_grad():
 # ---- no GIL on the owner for script and builtin values ------------------------------
 
 def test_remote_script_and_to_here_need_no_gil_on_the_owner():
-    import time
-
-    hold = 3.0
     rpc.remote("worker2", funcs.add, args=(torch.ones(1), torch.ones(1))).to_here()  # name lookup, once
-    rpc.rpc_sync("worker2", funcs.hold_gil_on_main, args=(hold,))
-    time.sleep(0.5)  # let worker2's main thread take the GIL
-    started = time.time()
-    for _ in range(10):
-        a = rpc.remote("worker2", funcs.add, args=(torch.ones(2), torch.ones(2)))
-        b = rpc.remote("worker2", torch.mul, args=(torch.ones(2), 3))
-        assert torch.equal(a.to_here(timeout=10), torch.full((2,), 2.0))
-        assert torch.equal(b.to_here(timeout=10), torch.full((2,), 3.0))
-    finished = time.time()
-    rpc.rpc_sync("worker2", funcs.pid, timeout=10)  # a Python call: waits for the hold to end
-    start, end = rpc.rpc_sync("worker2", funcs.hold_window)
-    assert start <= started and finished <= end, (
-        f"remote()/to_here ran from {started:.3f} to {finished:.3f}; "
-        f"worker2 held the GIL from {start:.3f} to {end:.3f}")
+    with funcs.gil_held_on("worker2", "remote()/to_here"):
+        for _ in range(10):
+            a = rpc.remote("worker2", funcs.add, args=(torch.ones(2), torch.ones(2)))
+            b = rpc.remote("worker2", torch.mul, args=(torch.ones(2), 3))
+            assert torch.equal(a.to_here(timeout=10), torch.full((2,), 2.0))
+            assert torch.equal(b.to_here(timeout=10), torch.full((2,), 3.0))
 
 
 def test_values_fetched_before_they_exist_and_freed_when_dropped():
