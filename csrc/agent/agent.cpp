@@ -11,6 +11,7 @@
 #include "agent/core_spread.h"
 #include "agent/self_call.h"
 #include "common/error.h"
+#include "common/python_held.h"
 #include "common/logging.h"
 #include "message/payload.h"
 #include "script_dispatch/run_script.h"
@@ -242,27 +243,34 @@ void Agent::onResponse(message::Message&& m, int src, uint64_t connectionId) {
                                       << ": no call of that id is pending on that connection (it failed already)");
     return;
   }
+  complete(*call, std::move(m), src);
+  // Python may have taken the value meanwhile (giving its tensors Python
+  // objects) and let go of the future: freeing it here would take the GIL.
+  common::release(call->future);
+}
+
+void Agent::complete(Pending::Call& call, message::Message&& m, int src) {
   try {
     for (auto it = interceptors_.rbegin(); it != interceptors_.rend(); ++it) (*it)->incomingResponse(m, src);
     switch (m.type) {
       case message::MessageType::kScriptRet: {
         c10::IValue value = message::messageIValue(m);
         m.tensors.clear();  // before Python sees them (agent.h)
-        call->future->markCompleted(std::move(value));
+        call.future->markCompleted(std::move(value));
         return;
       }
       case message::MessageType::kPythonRet: {
         std::string refused = options_.policy.refuseResponse(m.type, options_.name);
         if (!refused.empty()) {  // script-only: a peer's pickle is never handed on to be unpickled
-          call->future->setError(common::makeRpcError(common::ErrorKind::kRemote, call->description + ": " + refused,
+          call.future->setError(common::makeRpcError(common::ErrorKind::kRemote, call.description + ": " + refused,
                                                       script_dispatch::kPolicyRefusal));
           return;
         }
-        call->future->markCompleted(rawResponse(std::move(m)));
+        call.future->markCompleted(rawResponse(std::move(m)));
         return;
       }
       case message::MessageType::kTorchResponse:  // upstream's message: the backend decodes it
-        call->future->markCompleted(rawResponse(std::move(m)));
+        call.future->markCompleted(rawResponse(std::move(m)));
         return;
       case message::MessageType::kException: {
         message::RemoteException e = message::messageException(m);
@@ -271,21 +279,21 @@ void Agent::onResponse(message::Message&& m, int src, uint64_t connectionId) {
         if (!e.worker.empty()) {
           // A result that could not be sent back: the callee no longer knew the function, so name the call.
           text = e.function == message::kSendingTheResult
-                     ? call->description + ": " + text + " (raised on " + e.worker + ")"
+                     ? call.description + ": " + text + " (raised on " + e.worker + ")"
                      : text + " (raised on " + e.worker + " while running '" + e.function + "')";
         }
-        call->future->setError(common::makeRpcError(common::ErrorKind::kRemote, std::move(text), e.type, e.traceback));
+        call.future->setError(common::makeRpcError(common::ErrorKind::kRemote, std::move(text), e.type, e.traceback));
         return;
       }
       default:
         break;
     }
-    call->future->setError(common::makeRpcError(common::ErrorKind::kGeneric, call->description +
+    call.future->setError(common::makeRpcError(common::ErrorKind::kGeneric, call.description +
                                                                  ": unexpected response type " +
                                                                  message::messageTypeName(m.type)));
   } catch (const std::exception& e) {
-    call->future->setErrorIfNeeded(common::makeRpcError(
-        common::ErrorKind::kGeneric, call->description + ": cannot decode the response: " + e.what()));
+    call.future->setErrorIfNeeded(common::makeRpcError(
+        common::ErrorKind::kGeneric, call.description + ": cannot decode the response: " + e.what()));
   }
 }
 

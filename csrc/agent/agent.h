@@ -185,8 +185,10 @@ class Agent : public std::enable_shared_from_this<Agent> {
   // value alone when the future completes: torch increfs or decrefs a
   // tensor's Python object, under the GIL, when its C++ count goes 1->2 or
   // 2->1, so the message's own references, dropped here after the caller had
-  // wrapped a tensor, made the I/O thread wait for the GIL.
+  // wrapped a tensor, made the I/O thread wait for the GIL. The future
+  // itself is let go of as common/python_held.h says.
   void onResponse(message::Message&& m, int src, uint64_t connectionId);
+  void complete(Pending::Call& call, message::Message&& m, int src);
   // The response to request `id` whose result cannot travel (a tensor the
   // wire refuses, `why`): the caller gets why.
   message::Message resultCannotTravel(uint64_t id, const std::string& why) const;

@@ -62,15 +62,18 @@ void Call::addDoneCallback(std::shared_ptr<pf::CallbackRunner> runner, py::objec
     references = pf::sharedPyObject(std::move(release));
   }
   if (callbacksAdded) settling->callbacks.store(kAdded);
-  // Mutable: the Python objects move on to the runner, so their last
-  // reference is never dropped here, on the I/O thread, which must not wait
-  // for the GIL.
+  // Mutable: everything it holds moves on to the runner, so no last
+  // reference is dropped here, on the I/O thread, which must not wait for the
+  // GIL (the settling state holds the Python future, and Python may have let
+  // go of the call meanwhile).
   future->addCallback([runner, callback = std::move(callback), s = settling,
                        references = std::move(references)](c10::ivalue::Future& done) mutable {
     if (s->claimed.exchange(true)) {
       runner->discard(std::move(callback));
+      runner->discard(std::move(s));
+      if (references) runner->discard(std::move(references));
     } else if (s->target && !done.hasError() && !torchrpc::jit_ops::containsRRef(done.constValue())) {
-      auto task = [s, value = done.constValue()]() mutable {
+      auto task = [s = std::move(s), value = done.constValue()]() mutable {
         if (s->settled.exchange(true)) return;
         int state = kNone;
         if (s->callbacks.compare_exchange_strong(state, kCompleting)) {
@@ -83,6 +86,8 @@ void Call::addDoneCallback(std::shared_ptr<pf::CallbackRunner> runner, py::objec
       runner->post(std::move(task), std::move(callback), std::move(references));
     } else {
       runner->post(std::move(callback));
+      runner->discard(std::move(s));
+      if (references) runner->discard(std::move(references));
     }
   });
 }

@@ -1,5 +1,6 @@
 #include "common/python_held.h"
 
+#include <ATen/core/ivalue.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -20,6 +21,27 @@ bool pythonHeld(const at::Tensor& t) {
 }
 
 namespace {
+
+bool heldInside(const c10::IValue& v, int depth) {
+  if (v.isTensor()) return pythonHeld(v.toTensor());
+  if (v.isPyObject()) return true;
+  if (!v.isTuple() && !v.isList() && !v.isGenericDict()) return false;
+  if (depth > 8) return true;  // deeper than results go: assume the worst
+  if (v.isTuple()) {
+    for (const auto& e : v.toTupleRef().elements()) {
+      if (heldInside(e, depth + 1)) return true;
+    }
+  } else if (v.isList()) {
+    for (const auto& e : v.toListRef()) {
+      if (heldInside(e, depth + 1)) return true;
+    }
+  } else if (v.isGenericDict()) {
+    for (const auto& item : v.toGenericDict()) {
+      if (heldInside(item.key(), depth + 1) || heldInside(item.value(), depth + 1)) return true;
+    }
+  }
+  return false;
+}
 
 struct Dropper {
   std::mutex mutex;
@@ -64,6 +86,37 @@ void dropAside(std::shared_ptr<void> held) noexcept {
     // No thread (or no memory): kept queued, freed once a later call starts one.
     TORCHRPC_WARN("torchrpc", "could not start the rpc-drop thread: " << e.what());
   }
+}
+
+bool pythonHeld(const c10::IValue& value) { return heldInside(value, 0); }
+
+namespace {
+
+// Drops `future`: on the rpc-drop thread when `aside`.
+void releaseFuture(c10::intrusive_ptr<c10::ivalue::Future>& future, bool aside) noexcept {
+  if (aside) {
+    try {
+      dropAside(std::make_shared<c10::intrusive_ptr<c10::ivalue::Future>>(std::move(future)));
+      return;
+    } catch (...) {
+      // no memory for the hand-over: dropped here after all
+    }
+  }
+  future.reset();
+}
+
+bool valueHeld(const c10::ivalue::Future& future) {
+  return future.completed() && !future.hasError() && pythonHeld(future.constValue());
+}
+
+}  // namespace
+
+void release(c10::intrusive_ptr<c10::ivalue::Future>& future) noexcept {
+  releaseFuture(future, future && future.use_count() == 1 && valueHeld(*future));
+}
+
+void releaseShared(c10::intrusive_ptr<c10::ivalue::Future>& future) noexcept {
+  releaseFuture(future, future && future.use_count() > 1 && valueHeld(*future));
 }
 
 void release(at::Tensor& t) noexcept {

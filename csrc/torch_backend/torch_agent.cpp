@@ -145,13 +145,14 @@ c10::intrusive_ptr<upstream::JitFuture> TorchAgent::send(const upstream::WorkerI
     complete(*out, *in);
     return out;
   }
-  in->addCallback([this, out](c10::ivalue::Future& done) {
+  in->addCallback([this, out](c10::ivalue::Future& done) mutable {
     // This runs on the I/O thread, the deadline sweeper, or a pool thread
     // that holds the loop's turn (transport/loop.h pollOnce): upstream's
     // callbacks run user code, which must not stall reading, so always on a
-    // pool task of its own.
+    // pool task of its own. `out` moves there: once Python took its value
+    // and let go of it, its last reference must not be dropped here.
     auto result = c10::intrusive_ptr<c10::ivalue::Future>::reclaim_copy(&done);
-    agent_->pool().run([this, out, result] { complete(*out, *result); });
+    agent_->pool().run([this, out = std::move(out), result] { complete(*out, *result); });
   });
   return out;
 }

@@ -639,27 +639,6 @@ def test_a_waiting_python_call_does_not_hold_up_others():
     assert rpc.rpc_sync("worker2", funcs.call, args=("worker2", funcs.py_add, (2, 3)), timeout=10) == 5
 
 
-@pytest.mark.parametrize("held", ["tensor", "storage"])
-def test_a_sent_tensor_that_python_let_go_of_takes_no_gil_on_the_io_thread(held):
-    # Once Python drops its tensor, the message's reference is the last.
-    # Were the I/O thread to drop it (when the peer has copied it), it would
-    # take the GIL, and stall every call (and the heartbeats) while Python
-    # holds the GIL; a call sent meanwhile would wait for the connection's
-    # lock, which the I/O thread held: a deadlock. The storage's Python object
-    # (made by untyped_storage(), share_memory_(), torch.save, a DataLoader)
-    # lives as long as the storage, and the message shares that.
-    from torchrpc import dispatch
-
-    x = torch.ones(16 << 20)  # 64 MB: lent, let go of once worker1 copied it
-    if held == "storage":
-        x.untyped_storage()
-    invocation = dispatch.invoke("rpc_async", "worker1", torch.add, (x, 1))  # a builtin call keeps no arguments
-    del x
-    funcs._sleep_holding_gil(2.0)  # meanwhile worker1 copies, adds and answers
-    assert invocation.call.done(), "the answer was not taken in while this thread held the GIL"
-    assert torch.equal(invocation.wait(), torch.full((16 << 20,), 2.0))
-
-
 def test_script_calls_run_while_the_callee_holds_the_gil():
     x = torch.ones(4)
     calls = ((funcs.add, (x, x)), (torch.add, (x, x)), (funcs.busy, (100,)))

@@ -213,20 +213,6 @@ def test_owner_keeps_a_local_value_its_users_dropped():
     assert rref_funcs.rref_to_here(rref) is value
 
 
-def test_a_value_python_held_is_freed_without_the_gil_on_the_io_thread():
-    # rpc.RRef(t) keeps t itself, whose Python object torch keeps alive while
-    # C++ holds t: freeing the value takes the GIL. The last user's delete
-    # must not make the owner's I/O thread wait for it while Python holds it.
-    rref = rpc.rpc_sync("worker1", rref_funcs.rref_of_python_value, args=(torch.ones(4),))
-    rpc.rpc_sync("worker1", rref_funcs.rref_settle)  # our fork is the last reference
-    rpc.rpc_sync("worker1", funcs.add, args=(torch.ones(1), torch.ones(1)))  # name lookup, once
-    with funcs.gil_held_on("worker1", "script calls after the delete"):
-        del rref  # its USER_DELETE reaches worker1 before the calls below
-        for _ in range(10):
-            assert torch.equal(rpc.rpc_sync("worker1", funcs.add, args=(torch.ones(2), torch.ones(2)), timeout=10),
-                               torch.full((2,), 2.0))
-
-
 def test_fork_then_drop_before_confirmation():
     # worker0 creates a value on worker1 and, before worker1 even confirmed
     # remote(), forks the RRef to worker2 and drops its own copy. worker2 must
