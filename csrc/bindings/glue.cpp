@@ -52,6 +52,24 @@ void Call::callbacksComing() const {
   settling->target->wait();
 }
 
+namespace {
+
+// The completion callback's own reference to a call's settling state, on the
+// I/O thread. The last one frees the Python future with it (Python let go of
+// the call first): that future goes as common::release says. Not deferred
+// otherwise: the future's value (RRefs too) must go when Python's does.
+void letGoOf(std::shared_ptr<Call::Settling>& s) {
+  if (s.use_count() == 1 && s->target) {
+    auto target = std::move(s->target);
+    s.reset();
+    torchrpc::common::release(target);
+    return;
+  }
+  s.reset();
+}
+
+}  // namespace
+
 void Call::addDoneCallback(std::shared_ptr<pf::CallbackRunner> runner, py::object fn, const py::object& target,
                            py::object release, bool callbacksAdded) {
   auto callback = pf::sharedPyObject(std::move(fn));
@@ -62,16 +80,15 @@ void Call::addDoneCallback(std::shared_ptr<pf::CallbackRunner> runner, py::objec
     references = pf::sharedPyObject(std::move(release));
   }
   if (callbacksAdded) settling->callbacks.store(kAdded);
-  // Mutable: everything it holds moves on to the runner, so no last
-  // reference is dropped here, on the I/O thread, which must not wait for the
-  // GIL (the settling state holds the Python future, and Python may have let
-  // go of the call meanwhile).
+  // Mutable: the Python objects move on to the runner, so their last
+  // reference is never dropped here, on the I/O thread, which must not wait
+  // for the GIL (nor is the settling state's, letGoOf).
   future->addCallback([runner, callback = std::move(callback), s = settling,
                        references = std::move(references)](c10::ivalue::Future& done) mutable {
     if (s->claimed.exchange(true)) {
       runner->discard(std::move(callback));
-      runner->discard(std::move(s));
       if (references) runner->discard(std::move(references));
+      letGoOf(s);
     } else if (s->target && !done.hasError() && !torchrpc::jit_ops::containsRRef(done.constValue())) {
       auto task = [s = std::move(s), value = done.constValue()]() mutable {
         if (s->settled.exchange(true)) return;
@@ -85,9 +102,9 @@ void Call::addDoneCallback(std::shared_ptr<pf::CallbackRunner> runner, py::objec
       };
       runner->post(std::move(task), std::move(callback), std::move(references));
     } else {
+      if (references) runner->discard(std::move(references));  // before the post: freed with its batch
       runner->post(std::move(callback));
-      runner->discard(std::move(s));
-      if (references) runner->discard(std::move(references));
+      letGoOf(s);
     }
   });
 }
