@@ -78,11 +78,11 @@ void CallbackRunner::enqueue(Item item) {
   }
 }
 
-void CallbackRunner::discard(std::shared_ptr<void> held) {
+void CallbackRunner::discard(std::shared_ptr<py::object> callback) {
   {
     std::unique_lock<std::mutex> lock(state_->mutex);
     if (!state_->stopped) {
-      state_->discarded.push_back(std::move(held));
+      state_->discarded.push_back(std::move(callback));
       const bool full = state_->discarded.size() >= kDiscardBatch;
       lock.unlock();
       if (full) state_->cv.notify_one();  // after the unlock, as in enqueue()
@@ -90,7 +90,7 @@ void CallbackRunner::discard(std::shared_ptr<void> held) {
     }
   }
   Gil gil;
-  held.reset();
+  callback.reset();
 }
 
 void CallbackRunner::runOne(std::shared_ptr<py::object>& cb) {
@@ -132,7 +132,7 @@ void CallbackRunner::run(const std::shared_ptr<State>& state) {
   while (true) {
     spin.until([&] { return state->queued.load() > 0; });
     std::deque<Item> batch;
-    std::vector<std::shared_ptr<void>> discarded;
+    std::vector<std::shared_ptr<py::object>> discarded;
     bool exit = false;
     {
       std::unique_lock<std::mutex> lock(state->mutex);
@@ -194,7 +194,7 @@ void CallbackRunner::run(const std::shared_ptr<State>& state) {
 void CallbackRunner::release(const std::shared_ptr<State>& state) {
   while (true) {
     std::vector<Item> items;
-    std::vector<std::shared_ptr<void>> callbacks;
+    std::vector<std::shared_ptr<py::object>> callbacks;
     bool exit = false;
     {
       std::unique_lock<std::mutex> lock(state->mutex);

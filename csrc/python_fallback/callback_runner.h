@@ -48,11 +48,10 @@ class CallbackRunner {
   // thread has nothing queued (or kDiscardBatch are waiting).
   void post(std::function<void()> task, std::shared_ptr<pybind11::object> callback,
             std::shared_ptr<pybind11::object> release);
-  // A callback that will not run (another thread settled its future), or
-  // anything else whose last reference may need the GIL: any thread, no GIL
-  // needed. Freed under the GIL with the next batch, or once kDiscardBatch
-  // have piled up.
-  void discard(std::shared_ptr<void> held);
+  // A callback that will not run (another thread settled its future): any
+  // thread, no GIL needed. Freed under the GIL with the next batch, or once
+  // kDiscardBatch have piled up.
+  void discard(std::shared_ptr<pybind11::object> callback);
   // Runs what is queued, then joins; returns false (and leaves the thread
   // running, detached) if that takes longer than timeoutSeconds, e.g. a
   // callback that never returns. Call without the GIL.
@@ -80,14 +79,14 @@ class CallbackRunner {
     std::condition_variable cv;      // work queued, or stopping
     std::condition_variable exited;  // a thread is done
     std::deque<Item> queue;
-    std::vector<std::shared_ptr<void>> discarded;
+    std::vector<std::shared_ptr<pybind11::object>> discarded;
     std::atomic<size_t> queued{0};
     bool stopping{false};
     bool stopped{false};  // the thread has exited; post() runs callbacks inline
     // Handed to the release thread: native completions done, and discarded callbacks.
     std::condition_variable releaseCv;  // something to release, or the runner stopped
     std::vector<Item> releasing;
-    std::vector<std::shared_ptr<void>> releasingCallbacks;
+    std::vector<std::shared_ptr<pybind11::object>> releasingCallbacks;
     bool handedOver{false};  // the runner has exited: nothing more comes
     bool released{false};    // the release thread has exited
   };
