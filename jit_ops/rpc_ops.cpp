@@ -3,6 +3,7 @@
 #include <torch/library.h>
 
 #include "common/error.h"
+#include "common/python_held.h"
 #include "common/spin.h"
 #include "jit_ops/script_rref.h"
 #include "script_dispatch/run_script.h"
@@ -59,7 +60,10 @@ agent::Agent::FuturePtr callFromStack(torch::jit::Stack* stack, const char* op) 
 }
 
 void rpcAsync(const c10::OperatorHandle&, torch::jit::Stack* stack) {
-  stack->emplace_back(callFromStack(stack, "rpc_async"));
+  auto future = callFromStack(stack, "rpc_async");
+  // An interpreter of torchrpc's dispatch holds no Python objects; any other
+  // caller's (Python, a C++ program) gets its callbacks run off the I/O thread.
+  stack->emplace_back(script_dispatch::inDispatch() ? std::move(future) : common::completedOnInterOpPool(future));
 }
 
 void rpcSync(const c10::OperatorHandle&, torch::jit::Stack* stack) {

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
+#include "common/python_held.h"
 #include "common/spin.h"
 
 namespace torchrpc::autograd {
@@ -146,7 +147,14 @@ size_t Container::releasePeer(int rank) {
     }
   }
   size_t released = 0;
-  for (int64_t id : ids) released += release(id) ? 1 : 0;  // dropped here, unlocked
+  // Dropped unlocked, on the rpc-drop thread: PeerWatch's timer thread runs
+  // this and must not wait for the GIL, which a gradient Python holds takes.
+  for (int64_t id : ids) {
+    if (auto ctx = release(id)) {
+      ++released;
+      common::dropAside(std::move(ctx));
+    }
+  }
   return released;
 }
 

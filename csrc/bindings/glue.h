@@ -55,26 +55,9 @@ struct Call {
     c10::intrusive_ptr<c10::ivalue::Future> target;  // the Python future, when completed natively
   };
   std::shared_ptr<Settling> settling;
-  // The agent's I/O thread completes `future` and may still hold it when
-  // Python lets go (see ~Call).
-  bool fromAgent{false};
 
   explicit Call(c10::intrusive_ptr<c10::ivalue::Future> f, std::shared_ptr<Settling> s = nullptr)
       : future(std::move(f)), settling(std::move(s)) {}
-  // A call the agent sends (and its I/O thread completes).
-  static Call sent(c10::intrusive_ptr<c10::ivalue::Future> f) {
-    Call c(std::move(f));
-    c.fromAgent = true;
-    return c;
-  }
-  Call(Call&&) noexcept = default;
-  Call& operator=(Call&&) noexcept = default;
-  // Python lets go of a call whose value it took while the I/O thread that
-  // completed it still holds it: that thread's reference would be the last,
-  // and freeing the value would take the GIL there.
-  ~Call() {
-    if (fromAgent) torchrpc::common::releaseShared(future);
-  }
 
   // Returns once the call is done: polls, then sleeps, without the GIL.
   void wait() const {

@@ -73,7 +73,7 @@ Call send(Agent& agent, int dst, Message&& m, double timeout, const std::string&
   if (sendMayWait(agent, dst, m)) nogil.emplace();
   auto future = agent.send(dst, std::move(m), timeout, kind, function);
   if (auto refused = torchrpc::agent::refusedBeforeSending(future)) std::rethrow_exception(refused);
-  return Call::sent(std::move(future));
+  return Call(std::move(future));
 }
 
 }  // namespace

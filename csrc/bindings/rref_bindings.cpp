@@ -121,7 +121,7 @@ void bindRRefs(py::module_& m) {
              TORCH_CHECK(!r->isOwner(), "fetch() of an owner RRef");
              auto user = std::static_pointer_cast<rref::UserRRef>(r);
              py::gil_scoped_release nogil;
-             return Call::sent(c.fetch(user, timeout));
+             return Call(c.fetch(user, timeout));
            })
       // rref.rpc_sync().name(*args, **kwargs) with plain arguments
       // (python_fallback::plainIValue); None when one is not (the caller
@@ -136,7 +136,7 @@ void bindRRefs(py::module_& m) {
              if (sendMayWait(c.agent(), r->owner(), *msg)) nogil.emplace();
              auto future = c.methodCall(r, std::move(*msg), name, timeout, kind);
              if (auto refused = torchrpc::agent::refusedBeforeSending(future)) std::rethrow_exception(refused);
-             return Call::sent(std::move(future));
+             return Call(std::move(future));
            })
       .def(
           "fork",

@@ -9,9 +9,10 @@
 // goes, which takes the GIL. The I/O thread must never do that: it would stop
 // reading every socket while Python holds the GIL, and a Python thread that
 // sends meanwhile would wait for the connection lock the I/O thread holds (a
-// deadlock). Such references are dropped by the "rpc-drop" thread instead,
+// deadlock). Nor must the timer threads (every peer's grace period waits on
+// one). Such references are dropped by the "rpc-drop" thread instead,
 // started the first time one is. tests/multiprocess/test_python_held.py
-// checks, with a probe on libpython, that I/O threads never ask for the GIL.
+// checks, with a probe on libpython, that those threads never ask for the GIL.
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/intrusive_ptr.h>
@@ -31,6 +32,8 @@ namespace torchrpc::common {
 bool pythonHeld(const at::Tensor& t);
 // The same for a value: a Python object, or a tensor as above, inside.
 bool pythonHeld(const c10::IValue& value);
+// The same for a future's value (false while it is not completed, or failed).
+bool pythonHeld(const c10::ivalue::Future& future);
 
 // Drops `held` on the rpc-drop thread (what it references is freed there).
 // Any thread; never blocks on the GIL, never throws.
@@ -38,13 +41,18 @@ void dropAside(std::shared_ptr<void> held) noexcept;
 
 // Lets go of `t`: here, or on the rpc-drop thread when pythonHeld(t).
 void release(at::Tensor& t) noexcept;
-// Lets go of a completed future: on the rpc-drop thread when this is its last
-// reference and its value is pythonHeld (Python took the value, then let go).
+// Lets go of a completed future, from a thread that must not take the GIL:
+// here only when no one else holds it and its value holds nothing of
+// Python's; otherwise on the rpc-drop thread, which gathers such drops for
+// up to half a millisecond.
 void release(c10::intrusive_ptr<c10::ivalue::Future>& future) noexcept;
-// Lets go of a completed future that a thread which must not take the GIL
-// may still hold: on the rpc-drop thread when that one's reference would
-// then be the last and the value is pythonHeld (the GIL-free side of a race
-// that release() above cannot close alone).
-void releaseShared(c10::intrusive_ptr<c10::ivalue::Future>& future) noexcept;
+
+// A future that completes as `future` does, on torch's inter-op pool, where an
+// interpreter suspended on it resumes anyway. For a future handed to code
+// that adds callbacks (Python's `then`, a suspended interpreter), when an I/O
+// or timer thread completes `future`: callbacks run where a future completes,
+// and the last reference to what they hold, values Python wrapped included,
+// could go there.
+c10::intrusive_ptr<c10::ivalue::Future> completedOnInterOpPool(const c10::intrusive_ptr<c10::ivalue::Future>& future);
 
 }  // namespace torchrpc::common

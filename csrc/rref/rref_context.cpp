@@ -7,6 +7,7 @@
 #include "agent/self_call.h"
 #include "common/error.h"
 #include "common/logging.h"
+#include "common/python_held.h"
 #include "message/payload.h"
 #include "profiling/profiler.h"
 #include "rref/rref_messages.h"
@@ -389,7 +390,13 @@ void RRefContext::releasePeer(int rank) {
                                      << " sent to it unconfirmed; " << erased.size()
                                      << " owner entr(ies) it alone kept were dropped");
   }
-  erased.clear();  // may free values (and take the GIL): unlocked, here
+  // Unlocked. PeerWatch's timer thread runs this, and must not wait for the
+  // GIL: an owner someone else holds too, or whose value Python holds, is
+  // let go of on the rpc-drop thread (as common::release does a future).
+  for (auto& owner : erased) {
+    if (owner.use_count() > 1 || common::pythonHeld(*owner->value())) common::dropAside(std::move(owner));
+  }
+  erased.clear();
   children.clear();
 }
 

@@ -2,12 +2,23 @@
 
 #include <torch/csrc/jit/runtime/operator.h>
 
+#include <utility>
+
 #include "message/payload.h"
 #include "script_dispatch/shipped_code.h"
 
 namespace torchrpc::script_dispatch {
 
 namespace {
+
+thread_local bool inDispatch_ = false;
+
+// Marks this thread as running a call of run() (inDispatch()) while alive.
+struct DispatchScope {
+  DispatchScope() : outer(std::exchange(inDispatch_, true)) {}
+  ~DispatchScope() { inDispatch_ = outer; }
+  const bool outer;
+};
 
 c10::IValue tupleOf(std::vector<c10::IValue> stack) {
   return c10::ivalue::Tuple::create(std::move(stack));
@@ -147,12 +158,20 @@ void run(message::Message&& request, Registry& registry, const CalleePolicy& pol
     }
     torch::jit::Stack stack = stackOf(el[2]);
     normalizeInputs(callee->schema(), stack, el.at(3).toGenericDict(), function, worker, callee.get());
-    auto done = callee->runAsync(stack, launcher);
+    DispatchScope scope;
+    auto done = callee->runAsync(stack, [launcher](std::function<void()> fn) {
+      launcher([fn = std::move(fn)] {
+        DispatchScope scope;
+        fn();
+      });
+    });
     if (el.size() > 5 && el[5].toBool()) done = requireFuture(std::move(done), function, worker);
     replyWhenDone(std::move(done), function, worker, reply);
   } catch (...) {
     reply.error(message::describeException(std::current_exception(), function, worker));
   }
 }
+
+bool inDispatch() { return inDispatch_; }
 
 }  // namespace torchrpc::script_dispatch

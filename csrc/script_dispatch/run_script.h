@@ -47,4 +47,10 @@ message::Message builtinCallMessage(const std::string& schemaName, std::vector<c
 void run(message::Message&& request, Registry& registry, const CalleePolicy& policy, const TaskLauncher& launcher,
          const std::string& workerName, const message::Reply& reply);
 
+// True on a thread that runs a TorchScript call run() started, or one of its
+// continuations (through `launcher`): an interpreter of torchrpc's own, which
+// Python never holds. jit_ops/rpc_ops.cpp completes the futures of other
+// callers (Python, a C++ program) off the I/O thread.
+bool inDispatch();
+
 }  // namespace torchrpc::script_dispatch

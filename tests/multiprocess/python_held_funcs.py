@@ -1,13 +1,15 @@
 """What the workers of test_python_held.py run: traffic that hands Python
 objects back and forth (results Python keeps and drops, tensors whose
-storage Python touched, RRefs of Python values, futures with callbacks), and
-a probe that records every time a torchrpc I/O thread takes the GIL."""
+storage Python touched, RRefs of Python values, futures with callbacks,
+TorchScript's own calls), and a probe that records every time a torchrpc
+thread that must never wait for the GIL asks for it."""
 
 import ctypes
 import gc
 import os
 import subprocess
 import threading
+from typing import Any
 
 import torch
 
@@ -15,8 +17,10 @@ import torchrpc as rpc
 from tests.multiprocess import funcs
 
 # An LD_PRELOAD library that logs, to $TORCHRPC_TEST_GIL_LOG/<pid>.log, each
-# time a thread named rpc-io asks for the GIL (libpython is a shared library,
-# so its entry points can be interposed), with the stack that asked.
+# time a thread that must never wait for the GIL asks for it (libpython is a
+# shared library, so its entry points can be interposed), with the stack that
+# asked: the I/O thread, the deadline sweeper, the timer threads (PeerWatch's
+# grace periods, RRef expiries) and the pool's watchdog.
 _PROBE_SOURCE = r"""
 #include <dlfcn.h>
 #include <execinfo.h>
@@ -31,7 +35,10 @@ static void noteGil(const char* entry) {
   char name[16] = {0};
   pthread_getname_np(pthread_self(), name, sizeof name);
   const char* dir = getenv("TORCHRPC_TEST_GIL_LOG");
-  if (strcmp(name, "rpc-io") != 0 || dir == NULL) return;
+  static const char* const watched[] = {"rpc-io", "rpc-timeouts", "rpc-timers", "rpc-pool-watch"};
+  int hit = 0;
+  for (unsigned i = 0; i < sizeof watched / sizeof watched[0]; ++i) hit |= strcmp(name, watched[i]) == 0;
+  if (!hit || dir == NULL) return;
   char path[512];
   snprintf(path, sizeof path, "%s/%d.log", dir, (int)getpid());
   int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
@@ -66,9 +73,14 @@ def build_probe(folder):
     return library
 
 
+def probe_env(folder):
+    """The environment that runs a worker under the probe, logging to `folder`."""
+    return {"LD_PRELOAD": build_probe(folder), "TORCHRPC_TEST_GIL_LOG": folder}
+
+
 def gil_takes():
-    """What the probe logged for this process: one stack per time its I/O
-    thread asked for the GIL."""
+    """What the probe logged for this process: one stack per time one of the
+    watched threads asked for the GIL."""
     path = os.path.join(os.environ["TORCHRPC_TEST_GIL_LOG"], f"{os.getpid()}.log")
     if not os.path.exists(path):
         return []
@@ -78,6 +90,19 @@ def gil_takes():
 
 def _pair(x):
     return x + 1, [x * 2, x]
+
+
+def _touched(x):
+    """The argument back, once Python gave its storage an object (as
+    share_memory_() and DataLoaders do), on the callee."""
+    x.untyped_storage()
+    return x
+
+
+@torch.jit.script
+def _script_future(to: str, x: torch.Tensor) -> torch.jit.Future[Any]:
+    """TorchScript's own rpc_async, its future handed to Python."""
+    return rpc.rpc_async(to, "tests.add", args=(x, x))
 
 
 def traffic(to, rounds=200):
@@ -96,10 +121,22 @@ def traffic(to, rounds=200):
         for fut in futures[:8]:
             fut.wait()
         del futures
+        if _ % 4 == 0:
+            kept = funcs.script_calls_async(to, x)  # TorchScript waits; Python takes the result
+            kept = _script_future(to, x).then(lambda fut: fut.value() + 1).wait()  # a Python callback
+            kept = rpc.rpc_sync(to, _touched, args=(x,)).untyped_storage()  # received, touched on both sides
+            late = rpc.rpc_async(to, funcs.sleep, args=(0.1,), timeout=0.01)  # failed by the deadline sweeper
+            late.then(lambda fut: None)
+            try:
+                late.wait()
+            except rpc.RpcTimeoutError:
+                pass
+            del kept, late
     big = torch.ones(1 << 19)  # 2 MB: lent to a peer on this host
     big.untyped_storage()  # a storage with a Python object, as share_memory_() and DataLoaders make
     for _ in range(8):
         rpc.rpc_sync(to, torch.add, args=(big, 1))
+        rpc.rpc_sync(to, _touched, args=(big,)).untyped_storage()  # lent both ways, touched on both sides
     rref = rpc.remote(to, funcs.add, args=(x, x))
     rref.to_here()
     del rref

@@ -8,13 +8,16 @@ The tests run in file order against one job whose worker2 the third test
 kills (the later ones kill it themselves when run alone); the last one
 shuts the job down itself."""
 
+import shutil
 import socket
+import sysconfig
+import tempfile
 import time
 
 import pytest
 
 import torchrpc as rpc
-from tests.multiprocess import autograd_funcs, funcs, raw_peer, rref_funcs
+from tests.multiprocess import autograd_funcs, funcs, python_held_funcs, raw_peer, rref_funcs
 from tests.multiprocess.cluster import Cluster
 
 SECRET = b"test-peer-death-job-secret"
@@ -24,12 +27,18 @@ AWAITED_CAP = 4096  # csrc/rref/owner_table.h kMaxAwaitedPerPeer
 
 @pytest.fixture(scope="module")
 def job():
-    # worker1 admits more requests than the RRef cap, which the test reaches
-    cluster = Cluster(3, threads=4, secret=SECRET,
-                      worker_env={1: {"TORCHRPC_PEER_GRACE_SECONDS": str(GRACE_SECONDS)}},
+    # worker1 admits more requests than the RRef cap, which the test reaches,
+    # and runs with the GIL probe (python_held_funcs): its timer thread ends
+    # the grace period and frees what the killed worker held.
+    folder = tempfile.mkdtemp(prefix="torchrpc-gil-probe-")
+    env = {"TORCHRPC_PEER_GRACE_SECONDS": str(GRACE_SECONDS), **python_held_funcs.probe_env(folder)}
+    cluster = Cluster(3, threads=4, secret=SECRET, worker_env={1: env},
                       worker_options={1: {"max_calls_in_flight": 2 * AWAITED_CAP}})
-    with cluster.unmanaged() as c:
-        yield c
+    try:
+        with cluster.unmanaged() as c:
+            yield c
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _worker1_tcp_address():
@@ -93,6 +102,11 @@ def test_what_a_killed_worker_held_is_released_on_the_others(job):
     assert rpc.rpc_sync("worker1", rref_funcs.owner_entries, args=("2:",)) == 0
     _wait_until(lambda: context_id not in rpc.rpc_sync("worker1", autograd_funcs.live_contexts), 5,
                 "worker1 releasing the autograd context of the killed worker2")
+    if sysconfig.get_config_var("Py_ENABLE_SHARED"):  # the probe needs a shared libpython
+        # The value was a Python object: freeing it takes the GIL, which the
+        # timer thread (it serves every peer's grace period) must not wait for.
+        takes = rpc.rpc_sync("worker1", python_held_funcs.gil_takes)
+        assert not takes, f"worker1 took the GIL where it must not; the first time:\n{takes[0]}"
 
 
 def test_fetches_of_missing_rrefs_are_capped_and_dropped_with_their_peer(job):
