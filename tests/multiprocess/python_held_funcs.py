@@ -8,6 +8,7 @@ import ctypes
 import gc
 import os
 import subprocess
+import sysconfig
 import threading
 from typing import Any
 
@@ -61,6 +62,10 @@ INTERPOSE(void, PyEval_AcquireThread, (void* t), (t))
 INTERPOSE(void, PyEval_RestoreThread, (void* t), (t))
 INTERPOSE(int, PyGILState_Ensure, (void), ())
 """
+
+
+# The probe interposes libpython's entry points, which only a shared libpython allows.
+PROBE_WORKS = bool(sysconfig.get_config_var("Py_ENABLE_SHARED"))
 
 
 def build_probe(folder):

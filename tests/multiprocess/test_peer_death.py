@@ -10,7 +10,6 @@ shuts the job down itself."""
 
 import shutil
 import socket
-import sysconfig
 import tempfile
 import time
 
@@ -102,7 +101,7 @@ def test_what_a_killed_worker_held_is_released_on_the_others(job):
     assert rpc.rpc_sync("worker1", rref_funcs.owner_entries, args=("2:",)) == 0
     _wait_until(lambda: context_id not in rpc.rpc_sync("worker1", autograd_funcs.live_contexts), 5,
                 "worker1 releasing the autograd context of the killed worker2")
-    if sysconfig.get_config_var("Py_ENABLE_SHARED"):  # the probe needs a shared libpython
+    if python_held_funcs.PROBE_WORKS:
         # The value was a Python object: freeing it takes the GIL, which the
         # timer thread (it serves every peer's grace period) must not wait for.
         takes = rpc.rpc_sync("worker1", python_held_funcs.gil_takes)

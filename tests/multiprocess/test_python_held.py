@@ -6,7 +6,6 @@ their threads that must never wait for the GIL (I/O, deadlines, timers, the
 pool's watchdog) asks for it."""
 
 import shutil
-import sysconfig
 import tempfile
 
 import pytest
@@ -28,8 +27,7 @@ def job():
         shutil.rmtree(folder, ignore_errors=True)
 
 
-# The probe interposes libpython's entry points, which only a shared libpython allows.
-needs_probe = pytest.mark.skipif(not sysconfig.get_config_var("Py_ENABLE_SHARED"),
+needs_probe = pytest.mark.skipif(not python_held_funcs.PROBE_WORKS,
                                  reason="the GIL probe needs Python built with a shared libpython")
 
 
