@@ -381,7 +381,8 @@ def _invoke_method(rref, name, args, kwargs):
 def _when_created(rref, run):
     """On the owner, in a Python call: run() now if the RRef's value exists
     (or failed); else a Deferred answered with run()'s outcome once it does,
-    run by the thread that completes it. No pool thread waits meanwhile."""
+    run then by a pool thread (never by the I/O or timer thread that may
+    complete the value). No pool thread waits meanwhile."""
     pending = rref._handle.pending_value() if rref._handle.is_owner() else None
     if pending is None:
         return run()

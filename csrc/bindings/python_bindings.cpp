@@ -79,6 +79,8 @@ Call send(Agent& agent, int dst, Message&& m, double timeout, const std::string&
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
+  // Threads that hold the GIL drop sent tensors themselves (common/python_held.h).
+  torchrpc::common::setGilCheck([] { return PyGILState_Check() != 0; });
   m.doc() = "torchrpc native core (internal; use the torchrpc package)";
   py::register_local_exception_translator(translateErrors);
   torchrpc::bindings::bindTorchBackend(m);  // the TORCHRPC backend (torch_backend_bindings.cpp)

@@ -1,6 +1,7 @@
 // RRefs (torchrpc/rref.py): handles shared by Python RRef objects, and the
 // RRef context that runs the protocol (csrc/rref/rref_context.h).
 
+#include <ATen/Parallel.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include "bindings/glue.h"
@@ -71,13 +72,23 @@ void bindRRefs(py::module_& m) {
              return outcome(*owner.value());
            })
       // Owner only: None once the value exists (or failed), else a
-      // torch.futures.Future that completes when it does (its value unused).
+      // torch.futures.Future that completes when it does (its value unused),
+      // on the pool: the I/O or a timer thread may complete the value, and
+      // Python's callbacks (a user's method) must not run there.
       .def("pending_value",
            [](const rref::RRef& r) -> py::object {
              TORCH_CHECK(r.isOwner(), "pending_value() of a user RRef");
              const auto& value = static_cast<const rref::OwnerRRef&>(r).value();
              if (value->completed()) return py::none();
-             return torch::jit::toPyObject(c10::IValue(value));
+             std::weak_ptr<rref::RRefContext> ctx = r.context();
+             auto onPool = torchrpc::common::completedBy(value, [ctx](std::function<void()> task) {
+               if (auto live = ctx.lock()) {
+                 live->agent().pool().run(std::move(task));
+               } else {
+                 at::launch(std::move(task));  // torchrpc shut down: torch's pool
+               }
+             });
+             return torch::jit::toPyObject(c10::IValue(std::move(onPool)));
            })
       // The TorchScript object (torch.classes.torchrpc.RRef) of this RRef.
       .def("script_object", [](const std::shared_ptr<rref::RRef>& r) {

@@ -2,8 +2,9 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/ivalue.h>
-#include <unistd.h>
+#include <pthread.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -24,85 +25,126 @@ bool pythonHeld(const at::Tensor& t) {
 
 namespace {
 
-bool heldInside(const c10::IValue& v, int depth) {
-  if (v.isTensor()) return pythonHeld(v.toTensor());
+bool sharedTensor(const at::Tensor& t) {
+  return t.use_count() > 1 || (t.has_storage() && t.storage().use_count() > 1);
+}
+
+// Whether `v` holds a Python object, or (`orShared`) a part that someone
+// else holds too.
+bool heldInside(const c10::IValue& v, int depth, bool orShared) {
+  if (v.isTensor()) return pythonHeld(v.toTensor()) || (orShared && sharedTensor(v.toTensor()));
   if (v.isPyObject()) return true;
   if (!v.isTuple() && !v.isList() && !v.isGenericDict()) return false;
-  if (depth > 8) return true;  // deeper than results go: assume the worst
+  if (depth > 8 || (orShared && v.use_count() > 1)) return true;  // deeper than results go: assume the worst
   if (v.isTuple()) {
     for (const auto& e : v.toTupleRef().elements()) {
-      if (heldInside(e, depth + 1)) return true;
+      if (heldInside(e, depth + 1, orShared)) return true;
     }
   } else if (v.isList()) {
     for (const auto& e : v.toListRef()) {
-      if (heldInside(e, depth + 1)) return true;
+      if (heldInside(e, depth + 1, orShared)) return true;
     }
-  } else if (v.isGenericDict()) {
+  } else {
     for (const auto& item : v.toGenericDict()) {
-      if (heldInside(item.key(), depth + 1) || heldInside(item.value(), depth + 1)) return true;
+      if (heldInside(item.key(), depth + 1, orShared) || heldInside(item.value(), depth + 1, orShared)) return true;
     }
   }
   return false;
 }
+
+bool completedValue(const c10::ivalue::Future& future) { return future.completed() && !future.hasError(); }
 
 using FuturePtr = c10::intrusive_ptr<c10::ivalue::Future>;
 
 struct Dropper {
   std::mutex mutex;
   std::condition_variable cv;
+  std::condition_variable drained;  // the thread waits with nothing queued
   std::vector<std::shared_ptr<void>> queue;
   std::vector<FuturePtr> futures;
-  bool idle{false};    // the thread waits for work (a hand-over wakes it)
-  pid_t runningIn{0};  // the process whose rpc-drop thread runs (none after a fork)
+  std::vector<at::Tensor> tensors;
+  // kAsleep: nothing queued, any hand-over wakes it; kTimed: only lazy drops
+  // queued, a prompt one wakes it; kBusy: it gathers or drops.
+  enum class State { kBusy, kTimed, kAsleep } state{State::kBusy};
+  bool prompt{false};   // a prompt drop is queued
+  bool running{false};  // the thread was started (in this process: a forked child has none)
+
+  bool empty() const { return queue.empty() && futures.empty() && tensors.empty(); }
 };
 
 // Never destroyed: the thread may outlive static destruction at exit.
 Dropper& dropper() {
-  static auto* d = new Dropper;
+  static Dropper* d = [] {
+    auto* made = new Dropper;
+    pthread_atfork(nullptr, nullptr, [] { dropper().running = false; });
+    return made;
+  }();
   return *d;
 }
 
-// A woken drop thread first gathers for this long: a busy worker hands it a
-// future per call, and one wake-up then serves all those of the moment.
+// A thread woken for a prompt drop first gathers for this long: a busy
+// worker hands it a future per call, and one wake-up then serves all those
+// of the moment. Lazy drops wait for the next prompt batch, or this long.
 constexpr auto kGather = std::chrono::microseconds(500);
+constexpr auto kLazyWait = std::chrono::milliseconds(5);
 
 void run(Dropper& d) {
   nameThisThread("rpc-drop");
   for (;;) {
+    bool gather = false;
     {
       std::unique_lock<std::mutex> lock(d.mutex);
-      d.idle = true;
-      d.cv.wait(lock, [&] { return !d.queue.empty() || !d.futures.empty(); });
-      d.idle = false;
+      if (d.empty()) d.drained.notify_all();
+      if (!d.prompt) {
+        d.state = Dropper::State::kAsleep;
+        d.cv.wait(lock, [&] { return !d.empty(); });
+      }
+      if (!d.prompt) {
+        d.state = Dropper::State::kTimed;
+        d.cv.wait_for(lock, kLazyWait, [&] { return d.prompt; });
+      }
+      d.state = Dropper::State::kBusy;
+      gather = d.prompt;
     }
-    std::this_thread::sleep_for(kGather);
+    if (gather) std::this_thread::sleep_for(kGather);
     std::vector<std::shared_ptr<void>> batch;
     std::vector<FuturePtr> futures;
+    std::vector<at::Tensor> tensors;
     {
       std::lock_guard<std::mutex> lock(d.mutex);
       batch.swap(d.queue);
       futures.swap(d.futures);
+      tensors.swap(d.tensors);
+      d.prompt = false;
     }
     batch.clear();  // takes the GIL where Python objects go with them
     futures.clear();
+    tensors.clear();
   }
+}
+
+std::atomic<bool (*)()> gilCheck{nullptr};
+
+bool holdsGil() {
+  auto* check = gilCheck.load(std::memory_order_relaxed);
+  return check != nullptr && check();
 }
 
 // Queues `item` for the rpc-drop thread (started here the first time, and
 // again after a fork). Never throws.
 template <typename T>
-void hand(std::vector<T> Dropper::*list, T item) noexcept {
+void hand(std::vector<T> Dropper::*list, T item, Drop urgency) noexcept {
   Dropper& d = dropper();
   try {
     std::lock_guard<std::mutex> lock(d.mutex);
     (d.*list).push_back(std::move(item));
-    const pid_t me = ::getpid();
-    if (d.runningIn != me) {
+    if (!d.running) {
       std::thread([&d] { run(d); }).detach();
-      d.runningIn = me;
+      d.running = true;
     }
-    if (d.idle) {  // once: the thread gathers what follows
-      d.idle = false;
+    if (urgency == Drop::kPrompt) d.prompt = true;
+    if (d.state == Dropper::State::kAsleep || (d.prompt && d.state == Dropper::State::kTimed)) {
+      d.state = Dropper::State::kBusy;  // once: the thread takes what follows
       d.cv.notify_one();
     }
   } catch (const std::exception& e) {
@@ -113,46 +155,68 @@ void hand(std::vector<T> Dropper::*list, T item) noexcept {
 
 }  // namespace
 
-void dropAside(std::shared_ptr<void> held) noexcept { hand(&Dropper::queue, std::move(held)); }
+void dropAside(std::shared_ptr<void> held, Drop urgency) noexcept { hand(&Dropper::queue, std::move(held), urgency); }
 
-bool pythonHeld(const c10::IValue& value) { return heldInside(value, 0); }
+void setGilCheck(bool (*check)()) { gilCheck.store(check); }
 
-bool pythonHeld(const c10::ivalue::Future& future) {
-  return future.completed() && !future.hasError() && pythonHeld(future.constValue());
+bool waitDropped(double seconds) {
+  Dropper& d = dropper();
+  std::unique_lock<std::mutex> lock(d.mutex);
+  if (!d.empty()) {  // lazy drops too, now
+    d.prompt = true;
+    if (d.state != Dropper::State::kBusy) d.cv.notify_one();
+  }
+  return d.drained.wait_for(lock, std::chrono::duration<double>(seconds),
+                            [&] { return !d.running || (d.state != Dropper::State::kBusy && d.empty()); });
+}
+
+bool dropsWithoutGil(const at::Tensor& t) { return !pythonHeld(t) && !sharedTensor(t); }
+
+bool pythonHeld(const c10::IValue& value) { return heldInside(value, 0, false); }
+
+bool dropsWithoutGil(const c10::IValue& value) { return !heldInside(value, 0, true); }
+
+bool pythonHeld(const c10::ivalue::Future& future) { return completedValue(future) && pythonHeld(future.constValue()); }
+
+bool dropsWithoutGil(const c10::ivalue::Future& future) {
+  return !completedValue(future) || dropsWithoutGil(future.constValue());
 }
 
 void release(c10::intrusive_ptr<c10::ivalue::Future>& future) noexcept {
   if (!future) return;
   // Another holder (Python, mostly) may take the value and let go of the
   // future between a look here and the drop: only a future that is nobody
-  // else's and holds nothing of Python's is dropped here.
-  if (future.use_count() == 1 && !pythonHeld(*future)) {
+  // else's is dropped here.
+  if (future.use_count() == 1 && dropsWithoutGil(*future)) {
     future.reset();
     return;
   }
-  hand(&Dropper::futures, std::move(future));
+  const Drop urgency = future.use_count() == 1 && pythonHeld(*future) ? Drop::kPrompt : Drop::kLazy;
+  hand(&Dropper::futures, std::move(future), urgency);
 }
 
 void release(at::Tensor& t) noexcept {
-  if (!pythonHeld(t)) {
+  if (!t.defined()) return;
+  // A thread that holds the GIL (Python's, sending a small message) cannot
+  // wait for it, so it drops what has no Python object yet itself: handed
+  // aside, tiny calls read 42 -> 64 µs (benchmarks/HISTORY.md).
+  if (dropsWithoutGil(t) || (!pythonHeld(t) && holdsGil())) {
     t.reset();
     return;
   }
-  try {
-    dropAside(std::make_shared<at::Tensor>(std::move(t)));
-  } catch (...) {
-    t.reset();  // no memory for the hand-over: dropped here after all
-  }
+  const Drop urgency = sharedTensor(t) ? Drop::kLazy : Drop::kPrompt;
+  hand(&Dropper::tensors, std::move(t), urgency);
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> completedOnInterOpPool(const c10::intrusive_ptr<c10::ivalue::Future>& future) {
+c10::intrusive_ptr<c10::ivalue::Future> completedBy(const c10::intrusive_ptr<c10::ivalue::Future>& future,
+                                                    std::function<void(std::function<void()>)> launch) {
   auto out = c10::make_intrusive<c10::ivalue::Future>(future->elementType());
   // Mutable: `out` moves on to the task, so that no reference to it stays
   // on the completing thread.
-  future->addCallback([out](c10::ivalue::Future& done) mutable {
+  future->addCallback([out, launch = std::move(launch)](c10::ivalue::Future& done) mutable {
     std::exception_ptr error = done.hasError() ? done.exception_ptr() : nullptr;
     c10::IValue value = error ? c10::IValue() : done.value();
-    at::launch([out = std::move(out), value = std::move(value), error]() mutable {
+    launch([out = std::move(out), value = std::move(value), error]() mutable {
       if (error) {
         out->setError(error);
       } else {
@@ -161,6 +225,10 @@ c10::intrusive_ptr<c10::ivalue::Future> completedOnInterOpPool(const c10::intrus
     });
   });
   return out;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> completedOnInterOpPool(const c10::intrusive_ptr<c10::ivalue::Future>& future) {
+  return completedBy(future, [](std::function<void()> task) { at::launch(std::move(task)); });
 }
 
 }  // namespace torchrpc::common

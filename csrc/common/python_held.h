@@ -17,6 +17,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <functional>
 #include <memory>
 
 namespace c10 {
@@ -30,29 +31,57 @@ namespace torchrpc::common {
 
 // Whether dropping the last C++ reference to `t` may take the GIL.
 bool pythonHeld(const at::Tensor& t);
-// The same for a value: a Python object, or a tensor as above, inside.
+// Whether this reference may be dropped by a thread that must not take the
+// GIL, and stays so until it is: nothing in it is pythonHeld, and no one
+// else holds a part of it (a tensor, its storage, a container), since
+// another holder could give that part a Python object and let go of it
+// first, between a look here and the drop.
+bool dropsWithoutGil(const at::Tensor& t);
+bool dropsWithoutGil(const c10::IValue& value);
+// The same for a future's value (true while it is not completed, or failed).
+bool dropsWithoutGil(const c10::ivalue::Future& future);
+// Whether a value holds a Python object, or a tensor as pythonHeld says
+// (false for a future not completed, or failed).
 bool pythonHeld(const c10::IValue& value);
-// The same for a future's value (false while it is not completed, or failed).
 bool pythonHeld(const c10::ivalue::Future& future);
+
+// How soon the rpc-drop thread drops what it is handed. kPrompt: this is
+// likely the last reference, and frees memory or Python objects: the thread
+// wakes (and gathers for half a millisecond). kLazy: someone else still
+// holds it: dropped with the next prompt batch, or within 5 ms, without a
+// wake-up of its own (every call's future would wake it otherwise).
+enum class Drop { kLazy, kPrompt };
 
 // Drops `held` on the rpc-drop thread (what it references is freed there).
 // Any thread; never blocks on the GIL, never throws.
-void dropAside(std::shared_ptr<void> held) noexcept;
+void dropAside(std::shared_ptr<void> held, Drop urgency = Drop::kPrompt) noexcept;
+// How to tell whether this thread holds the GIL (the Python module installs
+// PyGILState_Check; without Python, no thread does).
+void setGilCheck(bool (*check)());
 
-// Lets go of `t`: here, or on the rpc-drop thread when pythonHeld(t).
+// Waits, at most `seconds`, until the rpc-drop thread has dropped all it was
+// handed; false if it has not (RRefContext::waitIdle).
+bool waitDropped(double seconds);
+
+// Lets go of `t`, from a thread that must not wait for the GIL: here when it
+// dropsWithoutGil, or nothing in it is pythonHeld and this thread holds the
+// GIL; otherwise on the rpc-drop thread.
 void release(at::Tensor& t) noexcept;
 // Lets go of a completed future, from a thread that must not take the GIL:
-// here only when no one else holds it and its value holds nothing of
-// Python's; otherwise on the rpc-drop thread, which gathers such drops for
-// up to half a millisecond.
+// here only when no one else holds it and its value dropsWithoutGil;
+// otherwise on the rpc-drop thread, which gathers such drops for up to half
+// a millisecond.
 void release(c10::intrusive_ptr<c10::ivalue::Future>& future) noexcept;
 
-// A future that completes as `future` does, on torch's inter-op pool, where an
-// interpreter suspended on it resumes anyway. For a future handed to code
-// that adds callbacks (Python's `then`, a suspended interpreter), when an I/O
-// or timer thread completes `future`: callbacks run where a future completes,
-// and the last reference to what they hold, values Python wrapped included,
-// could go there.
+// A future that completes as `future` does, in a task handed to `launch` (a
+// pool's run). For a future handed to code that adds callbacks (Python's
+// `then`, a suspended interpreter), when an I/O or timer thread completes
+// `future`: callbacks run where a future completes, and the last reference
+// to what they hold, values Python wrapped included, could go there.
+c10::intrusive_ptr<c10::ivalue::Future> completedBy(const c10::intrusive_ptr<c10::ivalue::Future>& future,
+                                                    std::function<void(std::function<void()>)> launch);
+// completedBy torch's inter-op pool, where an interpreter suspended on
+// `future` resumes anyway.
 c10::intrusive_ptr<c10::ivalue::Future> completedOnInterOpPool(const c10::intrusive_ptr<c10::ivalue::Future>& future);
 
 }  // namespace torchrpc::common

@@ -4,6 +4,7 @@
 #include <future>
 
 #include "common/error.h"
+#include "common/python_held.h"
 #include "rref/rref_context.h"
 
 namespace torchrpc::rref {
@@ -27,6 +28,15 @@ OwnerRRef::OwnerRRef(std::weak_ptr<RRefContext> ctx, int owner, RRefId id)
 
 OwnerRRef::~OwnerRRef() {
   if (auto ctx = ctx_.lock()) ctx->forgetOwner(id_, this);
+}
+
+void releaseOwner(std::shared_ptr<OwnerRRef>& owner) noexcept {
+  if (owner && (owner.use_count() > 1 || !common::dropsWithoutGil(*owner->value()))) {
+    const bool last = owner.use_count() == 1 && common::pythonHeld(*owner->value());
+    const auto urgency = last ? common::Drop::kPrompt : common::Drop::kLazy;
+    common::dropAside(std::move(owner), urgency);
+  }
+  owner.reset();
 }
 
 void OwnerRRef::setValue(c10::IValue value) { value_->markCompleted(std::move(value)); }

@@ -138,6 +138,11 @@ class OwnerRRef final : public RRef {
   std::optional<message::RemoteException> error_;
 };
 
+// Lets go of `owner` from a thread that must not take the GIL (the I/O
+// thread, PeerWatch's timer): here when no one else holds it and its value
+// drops without the GIL (common/python_held.h), otherwise on rpc-drop.
+void releaseOwner(std::shared_ptr<OwnerRRef>& owner) noexcept;
+
 // States of a UserRRef (transitions under the context's lock, or atomic):
 //   Pending    -> Confirmed: the owner acknowledged the fork (remote()'s
 //                 response, or FORK_REQUEST's ack); until then the context

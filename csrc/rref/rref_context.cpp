@@ -2,6 +2,7 @@
 
 #include <ATen/ThreadLocalState.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "agent/self_call.h"
@@ -390,12 +391,8 @@ void RRefContext::releasePeer(int rank) {
                                      << " sent to it unconfirmed; " << erased.size()
                                      << " owner entr(ies) it alone kept were dropped");
   }
-  // Unlocked. PeerWatch's timer thread runs this, and must not wait for the
-  // GIL: an owner someone else holds too, or whose value Python holds, is
-  // let go of on the rpc-drop thread (as common::release does a future).
-  for (auto& owner : erased) {
-    if (owner.use_count() > 1 || common::pythonHeld(*owner->value())) common::dropAside(std::move(owner));
-  }
+  // Unlocked. PeerWatch's timer thread runs this, and must not wait for the GIL.
+  for (auto& owner : erased) releaseOwner(owner);
   erased.clear();
   children.clear();
 }
@@ -411,7 +408,14 @@ void RRefContext::releaseAllUsers() {
   }
 }
 
-size_t RRefContext::waitIdle(double timeoutSeconds) { return inFlight_.waitIdle(timeoutSeconds); }
+size_t RRefContext::waitIdle(double timeoutSeconds) {
+  const auto start = std::chrono::steady_clock::now();
+  const size_t left = inFlight_.waitIdle(timeoutSeconds);
+  // What the protocol let go of may still be on its way to rpc-drop (releaseOwner).
+  const std::chrono::duration<double> spent = std::chrono::steady_clock::now() - start;
+  common::waitDropped(std::max(0.0, timeoutSeconds - spent.count()));
+  return left;
+}
 
 void RRefContext::stop() {
   stopped_ = true;

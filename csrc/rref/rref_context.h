@@ -139,8 +139,8 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // Graceful shutdown: sends USER_DELETE for every live confirmed user (later
   // destructors send nothing), then waitIdle().
   void releaseAllUsers();
-  // Waits until no protocol message of this worker is in flight; returns how
-  // many still are.
+  // Waits until no protocol message of this worker is in flight, and what it
+  // let go of is dropped (common::waitDropped); returns how many still are.
   size_t waitIdle(double timeoutSeconds);
   // After the agent stopped: drops every table; later releases send nothing.
   void stop();

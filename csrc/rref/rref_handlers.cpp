@@ -273,7 +273,9 @@ void RRefContext::onUserDelete(const RRefId& rrefId, const ForkId& forkId) {
   if (!known) {
     TORCHRPC_DEBUG(workerName(), "USER_DELETE of unknown fork " << forkId.str() << " of RRef " << rrefId.str());
   }
-  // `drop` may hold the last reference to the value: freed here, unlocked.
+  // `drop` may hold the last reference to the value: freed here, unlocked,
+  // unless this is the I/O thread (deleteAtOnce) and that could take the GIL.
+  if (agent_->onLoop()) releaseOwner(drop);
 }
 
 namespace {

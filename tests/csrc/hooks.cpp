@@ -2,6 +2,7 @@
 // time (tests/csrc/__init__.py), never shipped. Glue only, as the shipped
 // bindings are.
 
+#include <ATen/ops/ones.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstring>
@@ -13,6 +14,7 @@
 #include "agent/thread_pool.h"
 #include "auth/handshake.h"
 #include "auth/hmac.h"
+#include "common/python_held.h"
 #include "common/wait_policy.h"
 #include "autograd/autograd_messages.h"
 #include "message/pickle_check.h"
@@ -276,6 +278,26 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "on_child_accept", [](const Ctx& c, int fw, int64_t fl) { c->onChildAccept({fw, fl}); },
       py::call_guard<py::gil_scoped_release>());
+  // common/python_held's rule (tests/multiprocess/test_python_held.py) on
+  // values made here, which Python never saw.
+  m.def("drops_without_gil_cases", [] {
+    namespace c = torchrpc::common;
+    at::Tensor alone = at::ones({4});
+    at::Tensor held = at::ones({4});
+    at::Tensor twin = held;  // a second holder of the tensor
+    at::Tensor base = at::ones({4});
+    at::Tensor slice = base.narrow(0, 0, 2);  // a second holder of the storage
+    c10::IValue tuple = c10::ivalue::Tuple::create({at::ones({2}), 1});
+    c10::IValue sharedTuple = c10::ivalue::Tuple::create({at::ones({2})});
+    c10::IValue tupleTwin = sharedTuple;
+    py::dict out;
+    out["alone"] = c::dropsWithoutGil(alone);
+    out["tensor_shared"] = c::dropsWithoutGil(held);
+    out["storage_shared"] = c::dropsWithoutGil(slice);
+    out["tuple"] = c::dropsWithoutGil(tuple);
+    out["tuple_shared"] = c::dropsWithoutGil(sharedTuple);
+    return out;
+  });
   // The wait policy (tests/unit/test_wait_policy.py): its rules fed made-up
   // measurements, a policy whose sampler is a Python callable returning
   // (runnable, other_pollers) and whose clock is the caller's (µs), and one

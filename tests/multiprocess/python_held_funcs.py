@@ -110,6 +110,14 @@ def _script_future(to: str, x: torch.Tensor) -> torch.jit.Future[Any]:
     return rpc.rpc_async(to, "tests.add", args=(x, x))
 
 
+@rpc.functions.async_execution
+@torch.jit.script
+def _created_later(back: str, iterations: int) -> torch.jit.Future[Any]:
+    """A value that exists only once `back` answers: TorchScript's own
+    rpc_async, whose answer the I/O thread takes in."""
+    return rpc.rpc_async(back, "tests.busy", args=(iterations,))
+
+
 def traffic(to, rounds=200):
     """Calls `to` in every way that gives Python the values (and then drops
     them), as a user's program does."""
@@ -144,6 +152,9 @@ def traffic(to, rounds=200):
         rpc.rpc_sync(to, _touched, args=(big,)).untyped_storage()  # lent both ways, touched on both sides
     rref = rpc.remote(to, funcs.add, args=(x, x))
     rref.to_here()
+    for _ in range(4):  # a pickled method call (a slice is no IValue) that waits on the owner for its value
+        rref = rpc.remote(to, _created_later, args=(rpc.get_worker_info().name, 20000))
+        rref.rpc_async().__getitem__(slice(0, 4)).wait()
     del rref
     for _ in range(16):
         rpc.rpc_sync(to, funcs.echo, args=(rpc.RRef(torch.ones(4)),))  # our own RRef, released by `to`

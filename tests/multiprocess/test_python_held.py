@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import torchrpc as rpc
+from tests.csrc import hooks
 from tests.multiprocess import funcs, python_held_funcs, rref_funcs
 from tests.multiprocess.cluster import Cluster
 
@@ -46,6 +47,14 @@ def test_io_threads_take_no_gil_whatever_python_does_with_the_values():
     for worker in ("worker1", "worker2"):
         takes = rpc.rpc_sync(worker, python_held_funcs.gil_takes)[before[worker]:]
         assert not takes, f"{worker} took the GIL where it must not {len(takes)} time(s); the first:\n{takes[0]}"
+
+
+def test_a_thread_without_the_gil_drops_only_what_no_one_else_holds():
+    # Another holder of a tensor, its storage or a tuple could give it a
+    # Python object and let go of it between a look and the drop: such values
+    # go to rpc-drop (common/python_held.h), even while Python has none.
+    assert hooks().drops_without_gil_cases() == {
+        "alone": True, "tensor_shared": False, "storage_shared": False, "tuple": True, "tuple_shared": False}
 
 
 @pytest.mark.parametrize("held", ["tensor", "storage"])
