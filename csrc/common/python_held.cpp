@@ -199,7 +199,7 @@ void release(at::Tensor& t) noexcept {
   if (!t.defined()) return;
   // A thread that holds the GIL (Python's, sending a small message) cannot
   // wait for it, so it drops what has no Python object yet itself: handed
-  // aside, tiny calls read 42 -> 64 µs (benchmarks/HISTORY.md).
+  // aside, tiny calls read 64 µs instead of 37-42 (benchmarks/HISTORY.md).
   if (dropsWithoutGil(t) || (!pythonHeld(t) && holdsGil())) {
     t.reset();
     return;

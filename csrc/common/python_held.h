@@ -31,19 +31,20 @@ namespace torchrpc::common {
 
 // Whether dropping the last C++ reference to `t` may take the GIL.
 bool pythonHeld(const at::Tensor& t);
+// The same for a value: a Python object, or a tensor as above, inside; and
+// for a future's value (false while it is not completed, or failed).
+bool pythonHeld(const c10::IValue& value);
+bool pythonHeld(const c10::ivalue::Future& future);
+
 // Whether this reference may be dropped by a thread that must not take the
 // GIL, and stays so until it is: nothing in it is pythonHeld, and no one
 // else holds a part of it (a tensor, its storage, a container), since
 // another holder could give that part a Python object and let go of it
-// first, between a look here and the drop.
+// first, between a look here and the drop. For a future: its value (true
+// while it is not completed, or failed).
 bool dropsWithoutGil(const at::Tensor& t);
 bool dropsWithoutGil(const c10::IValue& value);
-// The same for a future's value (true while it is not completed, or failed).
 bool dropsWithoutGil(const c10::ivalue::Future& future);
-// Whether a value holds a Python object, or a tensor as pythonHeld says
-// (false for a future not completed, or failed).
-bool pythonHeld(const c10::IValue& value);
-bool pythonHeld(const c10::ivalue::Future& future);
 
 // How soon the rpc-drop thread drops what it is handed. kPrompt: this is
 // likely the last reference, and frees memory or Python objects: the thread
@@ -55,6 +56,7 @@ enum class Drop { kLazy, kPrompt };
 // Drops `held` on the rpc-drop thread (what it references is freed there).
 // Any thread; never blocks on the GIL, never throws.
 void dropAside(std::shared_ptr<void> held, Drop urgency = Drop::kPrompt) noexcept;
+
 // How to tell whether this thread holds the GIL (the Python module installs
 // PyGILState_Check; without Python, no thread does).
 void setGilCheck(bool (*check)());
@@ -69,8 +71,8 @@ bool waitDropped(double seconds);
 void release(at::Tensor& t) noexcept;
 // Lets go of a completed future, from a thread that must not take the GIL:
 // here only when no one else holds it and its value dropsWithoutGil;
-// otherwise on the rpc-drop thread, which gathers such drops for up to half
-// a millisecond.
+// otherwise on the rpc-drop thread, promptly where this is likely the last
+// reference to a Python object.
 void release(c10::intrusive_ptr<c10::ivalue::Future>& future) noexcept;
 
 // A future that completes as `future` does, in a task handed to `launch` (a

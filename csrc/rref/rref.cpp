@@ -31,12 +31,15 @@ OwnerRRef::~OwnerRRef() {
 }
 
 void releaseOwner(std::shared_ptr<OwnerRRef>& owner) noexcept {
-  if (owner && (owner.use_count() > 1 || !common::dropsWithoutGil(*owner->value()))) {
-    const bool last = owner.use_count() == 1 && common::pythonHeld(*owner->value());
-    const auto urgency = last ? common::Drop::kPrompt : common::Drop::kLazy;
-    common::dropAside(std::move(owner), urgency);
+  if (!owner) return;
+  const bool alone = owner.use_count() == 1;
+  if (alone && common::dropsWithoutGil(*owner->value())) {
+    owner.reset();
+    return;
   }
-  owner.reset();
+  // Prompt where this is likely the last reference to a Python object (as common::release).
+  const bool last = alone && common::pythonHeld(*owner->value());
+  common::dropAside(std::move(owner), last ? common::Drop::kPrompt : common::Drop::kLazy);
 }
 
 void OwnerRRef::setValue(c10::IValue value) { value_->markCompleted(std::move(value)); }

@@ -154,7 +154,7 @@ def traffic(to, rounds=200):
     rref.to_here()
     for _ in range(4):  # a pickled method call (a slice is no IValue) that waits on the owner for its value
         rref = rpc.remote(to, _created_later, args=(rpc.get_worker_info().name, 20000))
-        rref.rpc_async().__getitem__(slice(0, 4)).wait()
+        assert torch.equal(rref.rpc_async().__getitem__(slice(0, 4)).wait(), torch.full((4,), 20000.0))
     del rref
     for _ in range(16):
         rpc.rpc_sync(to, funcs.echo, args=(rpc.RRef(torch.ones(4)),))  # our own RRef, released by `to`
