@@ -197,15 +197,16 @@ void release(c10::intrusive_ptr<c10::ivalue::Future>& future) noexcept {
 
 void release(at::Tensor& t) noexcept {
   if (!t.defined()) return;
+  const bool python = pythonHeld(t);
+  const bool shared = sharedTensor(t);
   // A thread that holds the GIL (Python's, sending a small message) cannot
   // wait for it, so it drops what has no Python object yet itself: handed
   // aside, tiny calls read 64 µs instead of 37-42 (benchmarks/HISTORY.md).
-  if (dropsWithoutGil(t) || (!pythonHeld(t) && holdsGil())) {
+  if (!python && (!shared || holdsGil())) {
     t.reset();
     return;
   }
-  const Drop urgency = sharedTensor(t) ? Drop::kLazy : Drop::kPrompt;
-  hand(&Dropper::tensors, std::move(t), urgency);
+  hand(&Dropper::tensors, std::move(t), shared ? Drop::kLazy : Drop::kPrompt);
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> completedBy(const c10::intrusive_ptr<c10::ivalue::Future>& future,
