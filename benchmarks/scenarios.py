@@ -58,27 +58,37 @@ def latency(rpc, to, cfg):
 def throughput(rpc, to, cfg):
     """Calls per second with N calls in flight: batches of N rpc_async, then
     wait for all of them; the median over a few rounds of fixed duration.
+    For each N the kinds take turns, round by round (as latency's blocks), so
+    that no kind is always the one measured first after a change of load.
 
     Returns:
         {kind: {str(N): calls/s}} for kind in script, builtin, python (the
         tiny calls of LATENCY_CALLS).
     """
-    out = {}
-    for kind in ("script", "builtin", "python"):
-        fn, args = LATENCY_CALLS[kind]
-        out[kind] = {}
-        for depth in cfg["throughput_depths"]:
-            def batch():
-                futures = [rpc.rpc_async(to, fn, args=args) for _ in range(depth)]
-                torch.futures.wait_all(futures)
-                return depth
-
+    kinds = ("script", "builtin", "python")
+    rates = {kind: {} for kind in kinds}
+    for depth in cfg["throughput_depths"]:
+        batches = {kind: _batch(rpc, to, *LATENCY_CALLS[kind], depth) for kind in kinds}
+        for batch in batches.values():
             for _ in range(max(1, 200 // depth)):  # warm-up
                 batch()
-            rates = [_measure.rate_for(batch, cfg["throughput_round_s"])
-                     for _ in range(cfg["throughput_rounds"])]
-            out[kind][str(depth)] = statistics.median(rates)
-    return out
+        for kind in kinds:
+            rates[kind][str(depth)] = []
+        for _ in range(cfg["throughput_rounds"]):
+            for kind, batch in batches.items():
+                rates[kind][str(depth)].append(_measure.rate_for(batch, cfg["throughput_round_s"]))
+    return {kind: {depth: statistics.median(v) for depth, v in by_depth.items()} for kind, by_depth in rates.items()}
+
+
+def _batch(rpc, to, fn, args, depth):
+    """One batch of `depth` rpc_async calls of fn(*args), waited for together; returns depth."""
+
+    def batch():
+        futures = [rpc.rpc_async(to, fn, args=args) for _ in range(depth)]
+        torch.futures.wait_all(futures)
+        return depth
+
+    return batch
 
 
 def tensor_send(rpc, to, cfg):
