@@ -66,18 +66,19 @@ def throughput(rpc, to, cfg):
         tiny calls of LATENCY_CALLS).
     """
     kinds = ("script", "builtin", "python")
-    rates = {kind: {} for kind in kinds}
+    out = {kind: {} for kind in kinds}
     for depth in cfg["throughput_depths"]:
         batches = {kind: _batch(rpc, to, *LATENCY_CALLS[kind], depth) for kind in kinds}
         for batch in batches.values():
             for _ in range(max(1, 200 // depth)):  # warm-up
                 batch()
-        for kind in kinds:
-            rates[kind][str(depth)] = []
+        rates = {kind: [] for kind in kinds}
         for _ in range(cfg["throughput_rounds"]):
             for kind, batch in batches.items():
-                rates[kind][str(depth)].append(_measure.rate_for(batch, cfg["throughput_round_s"]))
-    return {kind: {depth: statistics.median(v) for depth, v in by_depth.items()} for kind, by_depth in rates.items()}
+                rates[kind].append(_measure.rate_for(batch, cfg["throughput_round_s"]))
+        for kind, samples in rates.items():
+            out[kind][str(depth)] = statistics.median(samples)
+    return out
 
 
 def _batch(rpc, to, fn, args, depth):
