@@ -182,17 +182,20 @@ bool dropsWithoutGil(const c10::ivalue::Future& future) {
   return !completedValue(future) || dropsWithoutGil(future.constValue());
 }
 
+std::optional<Drop> handOver(bool alone, const c10::ivalue::Future& value) {
+  // Another holder (Python, mostly) may take the value and let go between a
+  // look here and the drop: only what is nobody else's is dropped here.
+  if (alone && dropsWithoutGil(value)) return std::nullopt;
+  return alone && pythonHeld(value) ? Drop::kPrompt : Drop::kLazy;
+}
+
 void release(c10::intrusive_ptr<c10::ivalue::Future>& future) noexcept {
   if (!future) return;
-  // Another holder (Python, mostly) may take the value and let go of the
-  // future between a look here and the drop: only a future that is nobody
-  // else's is dropped here.
-  if (future.use_count() == 1 && dropsWithoutGil(*future)) {
+  if (auto urgency = handOver(future.use_count() == 1, *future)) {
+    hand(&Dropper::futures, std::move(future), *urgency);
+  } else {
     future.reset();
-    return;
   }
-  const Drop urgency = future.use_count() == 1 && pythonHeld(*future) ? Drop::kPrompt : Drop::kLazy;
-  hand(&Dropper::futures, std::move(future), urgency);
 }
 
 void release(at::Tensor& t) noexcept {

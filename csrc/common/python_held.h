@@ -19,6 +19,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 
 namespace c10 {
 struct IValue;
@@ -52,6 +53,13 @@ bool dropsWithoutGil(const c10::ivalue::Future& future);
 // holds it: dropped with the next prompt batch, or within 5 ms, without a
 // wake-up of its own (every call's future would wake it otherwise).
 enum class Drop { kLazy, kPrompt };
+
+// The rule of release() for a holder of a future whose value is `value` (a
+// future, an RRef owner), held by this thread `alone` or not: nullopt when
+// this thread may drop it itself (alone, and the value dropsWithoutGil);
+// otherwise how soon rpc-drop should, kPrompt where this is likely the last
+// reference to a Python object.
+std::optional<Drop> handOver(bool alone, const c10::ivalue::Future& value);
 
 // Drops `held` on the rpc-drop thread (what it references is freed there).
 // Any thread; never blocks on the GIL, never throws.

@@ -32,14 +32,11 @@ OwnerRRef::~OwnerRRef() {
 
 void releaseOwner(std::shared_ptr<OwnerRRef>& owner) noexcept {
   if (!owner) return;
-  const bool alone = owner.use_count() == 1;
-  if (alone && common::dropsWithoutGil(*owner->value())) {
+  if (auto urgency = common::handOver(owner.use_count() == 1, *owner->value())) {
+    common::dropAside(std::move(owner), *urgency);
+  } else {
     owner.reset();
-    return;
   }
-  // Prompt where this is likely the last reference to a Python object (as common::release).
-  const bool last = alone && common::pythonHeld(*owner->value());
-  common::dropAside(std::move(owner), last ? common::Drop::kPrompt : common::Drop::kLazy);
 }
 
 void OwnerRRef::setValue(c10::IValue value) { value_->markCompleted(std::move(value)); }
