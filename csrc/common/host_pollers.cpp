@@ -30,10 +30,12 @@ std::atomic<int> claimState{0};
 struct HostPollers::Slot {
   std::atomic<int32_t> pid;
   std::atomic<int32_t> pollers;
-  char pad[56];
+  std::atomic<uint64_t> group;  // the pid's groupKey(); 0: unknown
+  char pad[48];
 };
-static_assert(sizeof(std::atomic<int32_t>) == 4 && std::atomic<int32_t>::is_always_lock_free,
-              "the table is shared between processes: its counters must be plain lock-free words");
+static_assert(std::atomic<int32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free &&
+                  sizeof(HostPollers::Slot) == 64,
+              "the table is shared between processes: its fields must be plain lock-free words");
 
 struct HostPollers::Table {
   Slot slots[kSlots];
@@ -46,6 +48,25 @@ std::atomic<HostPollers::Slot*>* mySlot() {
   return &slot;
 }
 
+// This process's scheduling group: a hash (FNV-1a) of its cgroups and its
+// session's autogroup; 0 if unknown. Any difference (another session,
+// another cgroup) gives another key, so a doubt counts as another group.
+uint64_t groupKey() {
+  uint64_t h = 1469598103934665603ull;
+  for (const char* path : {"/proc/self/cgroup", "/proc/self/autogroup"}) {
+    const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    char buf[4096];
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    ::close(fd);
+    if (n <= 0) return 0;
+    for (ssize_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(buf[i])) * 1099511628211ull;
+  }
+  return h == 0 ? 1 : h;
+}
+
+std::atomic<uint64_t> myGroup{0};  // set when this process claims its slot
+
 void forgetSlotInChild() {
   mySlot()->store(nullptr);
   claimState.store(0);
@@ -55,7 +76,7 @@ void forgetSlotInChild() {
 // not a private regular file of this user (another user may have created
 // the name first).
 void* mapTable(size_t bytes) {
-  const std::string path = "/dev/shm/torchrpc-pollers-v1-" + std::to_string(geteuid());
+  const std::string path = "/dev/shm/torchrpc-pollers-v2-" + std::to_string(geteuid());
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) return nullptr;
   struct stat st;
@@ -97,6 +118,7 @@ HostPollers::~HostPollers() = default;
 HostPollers::Slot* HostPollers::claim() {
   int expected = 0;
   if (!claimState.compare_exchange_strong(expected, 2)) return mySlot()->load();
+  myGroup.store(groupKey());
   if (table_ == nullptr) return nullptr;
   const int32_t me = ::getpid();
   for (Slot& slot : table_->slots) {
@@ -104,6 +126,7 @@ HostPollers::Slot* HostPollers::claim() {
     if (pid == me || (pid != 0 && alive(pid))) continue;
     if (!slot.pid.compare_exchange_strong(pid, me)) continue;
     slot.pollers.store(0);
+    slot.group.store(myGroup.load());
     mySlot()->store(&slot);
     claimState.store(1);
     return &slot;
@@ -133,6 +156,20 @@ int HostPollers::others() {
     if (n > 0 && alive(pid)) total += n;
   }
   return total;
+}
+
+std::vector<int32_t> HostPollers::groupPids() {
+  const int32_t me = ::getpid();
+  std::vector<int32_t> pids{me};
+  if (claimState.load(std::memory_order_relaxed) == 0) claim();  // learns this process's group
+  const uint64_t group = myGroup.load(std::memory_order_relaxed);
+  if (table_ == nullptr || group == 0) return pids;
+  for (Slot& slot : table_->slots) {
+    const int32_t pid = slot.pid.load(std::memory_order_relaxed);
+    if (pid <= 0 || pid == me || slot.group.load(std::memory_order_relaxed) != group || !alive(pid)) continue;
+    pids.push_back(pid);
+  }
+  return pids;
 }
 
 }  // namespace torchrpc::common

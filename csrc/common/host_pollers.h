@@ -3,18 +3,24 @@
 // HostPollers: how many threads of this user's torchrpc processes on this
 // host are polling right now (common/spin.h), so that the wait policy
 // (common/wait_policy.h) can tell pollers, which give way, from work when it
-// counts the host's runnable threads.
+// counts the host's runnable threads; and which of those processes share
+// this one's scheduling group (its session's autogroup and its cgroups), so
+// that the policy can tell the CPU its own job uses from other groups'.
 //
 // Each process publishes its count in its own slot of a small table in shared
-// memory (/dev/shm/torchrpc-pollers-v1-<uid>, mode 0600): {pid, pollers}, one
-// cache line each. A process claims a free slot, or one whose pid is dead, on
-// first use and frees it at exit. Readers skip dead pids and clamp every
-// count, so a crashed process or a hostile table can skew the policy only
-// towards polling as it did before it measured. Without /dev/shm (or if the
-// file is not this user's own), only this process's pollers are known.
+// memory (/dev/shm/torchrpc-pollers-v2-<uid>, mode 0600): {pid, pollers,
+// group}, one cache line each. A process claims a free slot, or one whose pid
+// is dead, on first use and frees it at exit. Readers skip dead pids and
+// clamp every count, so a crashed process or a hostile table can skew the
+// policy only towards polling as it did before it measured. Without /dev/shm
+// (or if the file is not this user's own), only this process's pollers are
+// known, and its group is itself.
 //
 // Thread-safe; begin() and end() are the hot path (one atomic add each). A child after fork()
 // starts with no pollers and claims its own slot.
+
+#include <cstdint>
+#include <vector>
 
 namespace torchrpc::common {
 
@@ -31,6 +37,9 @@ class HostPollers {
   static void end(Slot* slot);
   // Pollers of the other live processes in the table (scans it: for samples only).
   int others();
+  // This process and the live processes of the table in its scheduling
+  // group (scans it: for samples only).
+  std::vector<int32_t> groupPids();
 
   HostPollers(const HostPollers&) = delete;
   HostPollers& operator=(const HostPollers&) = delete;

@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 namespace torchrpc::common {
 
@@ -23,10 +26,86 @@ bool readAt(int fd, char* buf, size_t size) {
   return true;
 }
 
+// Reads a whole small file into buf (NUL-terminated); false on error.
+bool readFile(const char* path, char* buf, size_t size) {
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = readAt(fd, buf, size);
+  ::close(fd);
+  return ok;
+}
+
+// The host's CPU time in ticks: user, nice and system of /proc/stat's first
+// line (interrupts and steal belong to no group); -1 on error.
+int64_t hostTicks() {
+  static const int fd = ::open("/proc/stat", O_RDONLY | O_CLOEXEC);
+  char buf[256];
+  if (!readAt(fd, buf, sizeof buf) || std::strncmp(buf, "cpu ", 4) != 0) return -1;
+  char* p = buf + 4;
+  int64_t sum = 0;
+  for (int field = 0; field < 3; ++field) sum += std::strtoll(p, &p, 10);
+  return sum;
+}
+
+// A process's CPU time in ticks: utime + stime, fields 14 and 15 of
+// /proc/<pid>/stat; -1 if it is gone.
+int64_t processTicks(int32_t pid) {
+  char path[32], buf[1024];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  if (!readFile(path, buf, sizeof buf)) return -1;
+  const char* p = std::strrchr(buf, ')');  // the name may hold spaces and parentheses
+  for (int field = 2; field < 14 && p != nullptr; ++field) p = std::strchr(p + 1, ' ');
+  if (p == nullptr) return -1;
+  char* end = nullptr;
+  const int64_t utime = std::strtoll(p, &end, 10);
+  return utime + std::strtoll(end, nullptr, 10);
+}
+
+// Rule 0's measurement: the cores that other groups used over the last
+// window. Advanced by samples; one sampler at a time.
+class OthersCpu {
+ public:
+  double cores(Clock::time_point now) {
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (!lock) return last_.load(std::memory_order_relaxed);  // another thread is advancing it
+    if (now - start_ < WaitPolicy::kWindow && host_ >= 0) return last_.load(std::memory_order_relaxed);
+    const int64_t host = hostTicks();
+    std::map<int32_t, int64_t> group;
+    for (int32_t pid : HostPollers::instance().groupPids()) group[pid] = processTicks(pid);
+    // A window after a pause (an idle worker takes no samples) says nothing about now.
+    const bool fresh = host_ >= 0 && host >= host_ && now - start_ < 3 * WaitPolicy::kWindow;
+    double cores = -1;
+    if (fresh) {
+      int64_t ours = 0;
+      for (const auto& [pid, ticks] : group) {
+        auto before = group_.find(pid);
+        if (ticks >= 0 && before != group_.end() && before->second >= 0) ours += ticks - before->second;
+      }
+      static const double tick = 1.0 / static_cast<double>(::sysconf(_SC_CLK_TCK));
+      const double seconds = std::chrono::duration<double>(now - start_).count();
+      cores = std::max<double>(0, static_cast<double>(host - host_ - ours)) * tick / seconds;
+    }
+    start_ = now;
+    host_ = host;
+    group_.swap(group);
+    last_.store(cores, std::memory_order_relaxed);
+    return cores;
+  }
+
+ private:
+  std::mutex mutex_;
+  Clock::time_point start_;
+  int64_t host_ = -1;
+  std::map<int32_t, int64_t> group_;  // each group process's ticks at start_
+  std::atomic<double> last_{-1};      // also read by samplers that find the mutex taken
+};
+
 // The host's runnable threads: the 4th field of /proc/loadavg, "R/T".
 WaitSample sampleHost() {
   static const int fd = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  static OthersCpu* others = new OthersCpu();  // never destroyed: pool threads left at exit may sample
   WaitSample s;
+  s.othersCores = others->cores(Clock::now());
   char buf[128];
   if (!readAt(fd, buf, sizeof buf)) return s;
   const char* p = buf;
@@ -102,13 +181,20 @@ bool WaitPolicy::lostCore(Clock::duration waited, int64_t arrivals) {
   return waited >= kSliceWait && perArrival >= kSliceWait;
 }
 
+bool WaitPolicy::jobAlone(const WaitSample& sample) {
+  return sample.othersCores >= 0 && sample.othersCores < kOthersIdle;
+}
+
 bool WaitPolicy::allowed(Clock::time_point now, int ourPollers) {
   const Clock::rep t = now.time_since_epoch().count();
-  if (t < holdUntil_.load(std::memory_order_relaxed)) return false;
   Clock::rep next = nextCheck_.load(std::memory_order_relaxed);
   if (t >= next && nextCheck_.compare_exchange_strong(next, t + Clock::duration(kCheckInterval).count())) {
-    free_.store(coreFree(sampler_(), ourPollers, cores_), std::memory_order_relaxed);
+    const WaitSample sample = sampler_();
+    alone_.store(jobAlone(sample), std::memory_order_relaxed);
+    free_.store(coreFree(sample, ourPollers, cores_), std::memory_order_relaxed);
   }
+  if (alone_.load(std::memory_order_relaxed)) return true;
+  if (t < holdUntil_.load(std::memory_order_relaxed)) return false;
   return free_.load(std::memory_order_relaxed);
 }
 
@@ -132,7 +218,8 @@ void WaitPolicy::leave() { pollers_.fetch_sub(1, std::memory_order_relaxed); }
 
 void WaitPolicy::probed(Clock::time_point end, Clock::duration waited, int64_t arrivals) {
   const Clock::rep base = Clock::duration(kHoldOff).count();
-  if (!lostCore(waited, arrivals)) {
+  // Alone, the core went to a thread of the job's own, which a yield let in.
+  if (!lostCore(waited, arrivals) || alone_.load(std::memory_order_relaxed)) {
     holdOff_.store(base, std::memory_order_relaxed);  // a clean probe ends the back-off
     return;
   }

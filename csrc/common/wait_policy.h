@@ -8,8 +8,18 @@
 // autogroups (one per session) and cgroups, and a yield gives way only to
 // threads of the yielding thread's own group. A worker started in its own
 // session (a terminal, a service, a container) then polls on a core that
-// another session's thread waits for. So the policy measures, by two rules:
+// another session's thread waits for. So the policy measures, by three rules:
 //
+// 0. The job alone. Over windows of kWindow, the host's CPU time
+//    (/proc/stat) less that of this process's scheduling group (this
+//    process and the torchrpc processes in its session and cgroups:
+//    common/host_pollers.h) is what other groups used. While that stays
+//    under kOthersIdle, every runnable thread is one that a yield gives way
+//    to, and polls are free whatever rules 1 and 2 would find: on 2 cores a
+//    job in one session keeps 3 of its own threads runnable, and rule 1 alone
+//    refused most of its polls (benchmarks/HISTORY.md, 2026-11-29). A
+//    process that is no torchrpc process of the group counts as another
+//    group's, even in the same session: rules 1 and 2 then decide.
 // 1. A free core, now. A sample reads the host's runnable threads
 //    (/proc/loadavg) and how many of them are torchrpc pollers
 //    (common/host_pollers.h); the rest is work. While work fills every core,
@@ -22,6 +32,10 @@
 //    the same core); then no thread of this process polls for a hold-off,
 //    doubled while probes keep finding that. Short waits are yields to threads
 //    of its own group, which run at once: those polls cost nothing.
+//
+// A thread that computes in the group (a trainer's own forward pass) is the
+// job's: a yield gives way to it. Other work that starts stops rule 0 within
+// a window or two.
 //
 // Samples are taken by threads about to poll and by threads polling (a poll
 // granted before work woke up stops at the next sample that sees the work),
@@ -46,6 +60,9 @@ namespace torchrpc::common {
 struct WaitSample {
   int runnable = -1;     // the host's runnable threads, the sampling thread included; -1: unknown
   int otherPollers = 0;  // how many of them are other torchrpc processes' pollers
+  // Cores that other scheduling groups used over the last window; -1: unknown
+  // (no window yet, or a stale one).
+  double othersCores = -1;
 };
 
 class WaitPolicy {
@@ -60,6 +77,11 @@ class WaitPolicy {
   // A wait this long at a time is a scheduler slice (0.75-3 ms) of another
   // thread, not a yield to one that blocks soon.
   static constexpr std::chrono::microseconds kSliceWait{250};
+  // Rule 0's window, and what other groups may use in it for polls to be
+  // free: /proc/stat counts in 10 ms ticks, so a window holds 20 of them on
+  // 2 cores, and the system's own threads take a tick now and then.
+  static constexpr std::chrono::milliseconds kWindow{100};
+  static constexpr double kOthersIdle = 0.2;
 
   // `cores`: the CPUs that `runnable` is compared with. `measure`: false polls
   // whenever asked. `publish`: count this policy's pollers in HostPollers
@@ -86,6 +108,9 @@ class WaitPolicy {
   static bool coreFree(const WaitSample& sample, int ourPollers, int cores);
   // Rule 2: a probe that waited kSliceWait or more at a time.
   static bool lostCore(Clock::duration waited, int64_t arrivals);
+  // Rule 0: other groups used less than kOthersIdle of a core; an unknown
+  // window is not alone.
+  static bool jobAlone(const WaitSample& sample);
 
   bool measures() const { return measure_; }
   bool publishes() const { return publish_; }
@@ -108,6 +133,7 @@ class WaitPolicy {
   std::atomic<int> pollers_{0};                  // this policy's polls in progress
   std::atomic<uint64_t> withheld_{0};            // polls refused
   std::atomic<bool> free_{true};                 // rule 1's last verdict
+  std::atomic<bool> alone_{false};               // rule 0's last verdict
   std::atomic<Clock::rep> nextCheck_{0};         // when rule 1 samples again
   std::atomic<Clock::rep> holdUntil_{0};         // rule 2: no polls before
   std::atomic<Clock::rep> holdOff_{0};           // rule 2: the next hold-off's length

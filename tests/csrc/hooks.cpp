@@ -314,8 +314,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init([](int cores, py::function sampler) {
         return new wp::WaitPolicy(cores, [sampler] {
           py::gil_scoped_acquire gil;
-          auto [runnable, others] = sampler().cast<std::pair<int, int>>();
-          return wp::WaitSample{runnable, others};
+          auto [runnable, others, othersCores] = sampler().cast<std::tuple<int, int, double>>();
+          return wp::WaitSample{runnable, others, othersCores};
         });
       }))
       .def("enter", [](wp::WaitPolicy& p, int64_t nowUs) { return p.enter(wp::WaitPolicy::Clock::time_point(us(nowUs))); })
@@ -324,12 +324,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("probed", [](wp::WaitPolicy& p, int64_t endUs, int64_t waitedUs, int64_t arrivals) {
         p.probed(wp::WaitPolicy::Clock::time_point(us(endUs)), us(waitedUs), arrivals);
       })
-      .def_property_readonly("pollers", &wp::WaitPolicy::pollers);
+      .def_property_readonly("pollers", &wp::WaitPolicy::pollers)
+      .def_property_readonly("withheld", &wp::WaitPolicy::withheld);
   m.def("host_wait_sample", [] {
     const auto& p = wp::WaitPolicy::process();
     const auto s = p.sample();
-    return py::make_tuple(s.runnable, s.otherPollers, p.cores(), p.measures());
+    return py::make_tuple(s.runnable, s.otherPollers, p.cores(), p.measures(), s.othersCores);
   });
+  // This process's scheduling group as the host's table of torchrpc
+  // processes knows it (claims this process's slot).
+  m.def("group_pids", [] { return wp::HostPollers::instance().groupPids(); });
 
   // An exported program's signature (tests/unit/test_exported_signature.py):
   // the schema it gives, and its checks of some inputs (Tensor or not).

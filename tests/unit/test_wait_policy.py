@@ -1,13 +1,18 @@
 """The wait policy (csrc/common/wait_policy.h): when a waiting thread may poll.
 
-Its two rules are fed made-up measurements; a policy with a fake sampler and
-the test's own clock shows when it samples, what it counts as work and how it
-holds off; and one real sample of this host, taken while a busy process runs
-on every core, shows that the policy then lets no thread poll."""
+Its rules are fed made-up measurements; a policy with a fake sampler and the
+test's own clock shows when it samples, what it counts as work, how it holds
+off, and that a job alone on the host polls whatever rules 1 and 2 say. Real
+samples of this host show that the policy lets no thread poll while a busy
+process runs on every core, and that it counts that process as another
+group's CPU; and processes started in this session and in a session of their
+own show which of them the table of torchrpc processes puts in this one's
+group."""
 
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -54,14 +59,15 @@ def test_lost_core(waited_us, arrivals, lost):
 # ---- the policy over time, with a fake host ------------------------------------------
 
 class FakeHost:
-    """Returns (runnable, other_pollers) and counts the samples taken."""
+    """Returns (runnable, other_pollers, others_cores) and counts the samples taken."""
 
-    def __init__(self, runnable=1, other_pollers=0):
-        self.runnable, self.other_pollers, self.samples = runnable, other_pollers, 0
+    def __init__(self, runnable=1, other_pollers=0, others_cores=-1.0):
+        self.runnable, self.other_pollers, self.others_cores = runnable, other_pollers, others_cores
+        self.samples = 0
 
     def __call__(self):
         self.samples += 1
-        return self.runnable, self.other_pollers
+        return self.runnable, self.other_pollers, self.others_cores
 
 
 def test_samples_at_most_once_per_check_interval():
@@ -144,21 +150,98 @@ def test_a_probe_that_lost_its_core_holds_polls_off_with_back_off():
     policy.leave()
 
 
+# ---- rule 0: the job alone -----------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "others_cores, alone",
+    [
+        (-1.0, False),  # no window yet (or a stale one): rules 1 and 2 decide
+        (0.0, True),    # only this group used the CPU
+        (0.1, True),    # a tick of the system's own threads
+        (0.2, False),   # another group's work
+        (1.5, False),
+    ],
+)
+def test_job_alone(others_cores, alone):
+    host = FakeHost(runnable=5, others_cores=others_cores)  # rule 1 alone would refuse: 3 threads of work
+    policy = hooks().WaitPolicy(2, host)
+    assert policy.enter(0) is alone
+
+
+def test_alone_polls_go_on_whatever_rule_1_finds_and_stop_when_another_group_works():
+    # A job in one session on 2 cores: 5 runnable threads, all its own.
+    host = FakeHost(runnable=5, others_cores=0.0)
+    policy = hooks().WaitPolicy(2, host)
+    assert policy.enter(0) and policy.keep(2 * MS)
+    host.others_cores = 1.0  # a loop in another session starts
+    assert not policy.keep(4 * MS)
+    policy.leave()
+    assert not policy.enter(6 * MS) and policy.withheld == 2
+
+
+def test_alone_a_probe_that_waited_a_slice_holds_nothing_off():
+    # Alone, the core went to a thread of the job's own, which the yield let in.
+    host = FakeHost(runnable=1, others_cores=0.0)
+    policy = hooks().WaitPolicy(2, host)
+    assert policy.enter(0)
+    policy.leave()
+    policy.probed(0, 1500, 1)
+    assert policy.enter(1 * MS)
+    policy.leave()
+    host.others_cores = 1.0  # not alone: the same probe holds polls off
+    assert policy.enter(2 * MS)
+    policy.leave()
+    policy.probed(2 * MS, 1500, 1)
+    assert not policy.enter(3 * MS)
+
+
 # ---- this host --------------------------------------------------------------------
 
 def test_no_polls_while_a_busy_process_runs_on_every_core():
-    runnable, others, cores, measures = hooks().host_wait_sample()
+    runnable, others, cores, measures, _ = hooks().host_wait_sample()
     assert measures and runnable >= 1 and others >= 0 and cores == os.cpu_count()
     busy = [subprocess.Popen([sys.executable, "-c", "print(flush=True)\nwhile True: pass"],
                              stdout=subprocess.PIPE) for _ in range(cores)]
     try:
         for proc in busy:
             proc.stdout.readline()  # it runs
-        runnable, others, _, _ = hooks().host_wait_sample()
+        runnable, others, _, _, _ = hooks().host_wait_sample()
         assert runnable >= cores + 1  # the busy processes and this thread
         assert not hooks().wait_core_free(runnable, others, 0, cores)
+        # Rule 0 counts them as another group's CPU (they are no torchrpc
+        # process of this group): samples over a few windows of 100 ms.
+        seen = []
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            seen.append(hooks().host_wait_sample()[4])
+            time.sleep(0.01)
+        measured = [c for c in seen if c >= 0]
+        assert measured and max(measured) >= 0.5, f"other groups' cores over the windows: {measured}"
     finally:
         for proc in busy:
             proc.kill()
             proc.wait()
             proc.stdout.close()
+
+
+@pytest.mark.parametrize("own_session", [False, True])
+def test_group_holds_the_torchrpc_processes_of_this_session_only(own_session):
+    """A torchrpc process started in this session is of this process's group
+    (rule 0 counts its CPU as the job's); one in a session of its own (a
+    separate terminal, a service) is not."""
+    if not (os.path.exists("/proc/self/autogroup") and os.path.isdir("/dev/shm")):
+        pytest.skip("needs /proc/self/autogroup and /dev/shm: without them a group is this process alone")
+    hooks()  # built before the child needs it
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = "from tests.csrc import hooks; hooks().group_pids(); print('in', flush=True); import time; time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", code], cwd=root, stdout=subprocess.PIPE,
+                             start_new_session=own_session)
+    try:
+        assert child.stdout.readline().strip() == b"in"  # it has claimed its slot
+        pids = hooks().group_pids()
+        assert pids[0] == os.getpid()
+        assert (child.pid in pids) is not own_session, pids
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
