@@ -48,21 +48,25 @@ std::atomic<HostPollers::Slot*>* mySlot() {
   return &slot;
 }
 
-// This process's scheduling group: a hash (FNV-1a) of its cgroups and its
-// session's autogroup; 0 if unknown. Any difference (another session,
-// another cgroup) gives another key, so a doubt counts as another group.
+// Reads a small /proc file whole into `out`; false if it cannot be opened or read.
+bool readProcFile(const char* path, std::string& out) {
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[4096];
+  const ssize_t n = ::read(fd, buf, sizeof buf);
+  ::close(fd);
+  if (n < 0) return false;
+  out.assign(buf, static_cast<size_t>(n));
+  return true;
+}
+
+// This process's scheduling group (its cgroups and its session's autogroup);
+// 0 if unknown. Any difference gives another key, so a doubt counts as
+// another group.
 uint64_t groupKey() {
-  uint64_t h = 1469598103934665603ull;
-  for (const char* path : {"/proc/self/cgroup", "/proc/self/autogroup"}) {
-    const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    char buf[4096];
-    const ssize_t n = ::read(fd, buf, sizeof buf);
-    ::close(fd);
-    if (n <= 0) return 0;
-    for (ssize_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(buf[i])) * 1099511628211ull;
-  }
-  return h == 0 ? 1 : h;
+  std::string cgroup, autogroup;
+  if (!readProcFile("/proc/self/cgroup", cgroup) || !readProcFile("/proc/self/autogroup", autogroup)) return 0;
+  return HostPollers::groupKeyOf(cgroup, autogroup);
 }
 
 std::atomic<uint64_t> myGroup{0};  // set when this process claims its slot
@@ -93,6 +97,13 @@ void* mapTable(size_t bytes) {
 bool alive(int32_t pid) { return ::kill(pid, 0) == 0 || errno != ESRCH; }
 
 }  // namespace
+
+uint64_t HostPollers::groupKeyOf(std::string_view cgroup, std::string_view autogroup) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (std::string_view text : {cgroup, std::string_view("\0", 1), autogroup})
+    for (char c : text) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return h == 0 ? 1 : h;
+}
 
 HostPollers& HostPollers::instance() {
   // Never destroyed: pool threads left behind at exit may still poll.

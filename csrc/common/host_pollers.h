@@ -20,6 +20,7 @@
 // starts with no pollers and claims its own slot.
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 namespace torchrpc::common {
@@ -40,6 +41,11 @@ class HostPollers {
   // This process and the live processes of the table in its scheduling
   // group (scans it: for samples only).
   std::vector<int32_t> groupPids();
+  // The group key of a process whose /proc/<pid>/cgroup and autogroup read
+  // `cgroup` and `autogroup`; never 0. An empty autogroup is a real one: the
+  // host's default autogroup, of every process in no session of its own
+  // (as under an init or a service manager that never calls setsid).
+  static uint64_t groupKeyOf(std::string_view cgroup, std::string_view autogroup);
 
   HostPollers(const HostPollers&) = delete;
   HostPollers& operator=(const HostPollers&) = delete;

@@ -10,6 +10,7 @@ own show which of them the table of torchrpc processes puts in this one's
 group."""
 
 import os
+import pathlib
 import subprocess
 import sys
 import time
@@ -224,6 +225,20 @@ def test_no_polls_while_a_busy_process_runs_on_every_core():
             proc.stdout.close()
 
 
+def test_group_key_knows_the_default_autogroup():
+    """A process in no session of its own (started by an init or a service
+    manager that never calls setsid, as on some CI runners) reads an empty
+    autogroup: the host's default one. It is a group like any other, so rule 0
+    still finds the job's processes there; sessions and cgroups stay apart."""
+    key = hooks().group_key_of
+    cgroup, session = "0::/\n", "/autogroup-7 nice 0\n"
+    assert key(cgroup, "") != 0 and key(cgroup, "") == key(cgroup, "")
+    assert key(cgroup, "") != key(cgroup, session)
+    assert key(cgroup, session) != key(cgroup, "/autogroup-8 nice 0\n")
+    assert key("0::/a\n", "") != key("0::/b\n", "")
+    assert key("0::/a", "\n") != key("0::/a\n", "")  # the texts do not run into each other
+
+
 @pytest.mark.parametrize("own_session", [False, True])
 def test_group_holds_the_torchrpc_processes_of_this_session_only(own_session):
     """A torchrpc process started in this session is of this process's group
@@ -240,7 +255,9 @@ def test_group_holds_the_torchrpc_processes_of_this_session_only(own_session):
         assert child.stdout.readline().strip() == b"in"  # it has claimed its slot
         pids = hooks().group_pids()
         assert pids[0] == os.getpid()
-        assert (child.pid in pids) is not own_session, pids
+        texts = {pid: [pathlib.Path(f"/proc/{pid}/{name}").read_text() for name in ("cgroup", "autogroup")]
+                 for pid in (os.getpid(), child.pid)}
+        assert (child.pid in pids) is not own_session, (pids, texts)
     finally:
         child.kill()
         child.wait()
