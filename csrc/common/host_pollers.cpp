@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 namespace torchrpc::common {
 
@@ -30,7 +31,7 @@ std::atomic<int> claimState{0};
 struct HostPollers::Slot {
   std::atomic<int32_t> pid;
   std::atomic<int32_t> pollers;
-  std::atomic<uint64_t> group;  // the pid's groupKey(); 0: unknown
+  std::atomic<uint64_t> group;  // the pid's groupKeyOf(); 0: unknown
   char pad[48];
 };
 static_assert(std::atomic<int32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free &&
@@ -48,7 +49,8 @@ std::atomic<HostPollers::Slot*>* mySlot() {
   return &slot;
 }
 
-// Reads a small /proc file whole into `out`; false if it cannot be opened or read.
+// Reads a small /proc file whole into `out`; false if it cannot be opened or
+// read. An empty file is empty text, not an error.
 bool readProcFile(const char* path, std::string& out) {
   const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
@@ -60,16 +62,7 @@ bool readProcFile(const char* path, std::string& out) {
   return true;
 }
 
-// This process's scheduling group (its cgroups and its session's autogroup);
-// 0 if unknown. Any difference gives another key, so a doubt counts as
-// another group.
-uint64_t groupKey() {
-  std::string cgroup, autogroup;
-  if (!readProcFile("/proc/self/cgroup", cgroup) || !readProcFile("/proc/self/autogroup", autogroup)) return 0;
-  return HostPollers::groupKeyOf(cgroup, autogroup);
-}
-
-std::atomic<uint64_t> myGroup{0};  // set when this process claims its slot
+std::atomic<uint64_t> myGroup{0};  // this process's groupKeyOf(), set when it claims its slot
 
 void forgetSlotInChild() {
   mySlot()->store(nullptr);
@@ -98,9 +91,11 @@ bool alive(int32_t pid) { return ::kill(pid, 0) == 0 || errno != ESRCH; }
 
 }  // namespace
 
-uint64_t HostPollers::groupKeyOf(std::string_view cgroup, std::string_view autogroup) {
+uint64_t HostPollers::groupKeyOf(const char* cgroupPath, const char* autogroupPath) {
+  std::string cgroup, autogroup;
+  if (!readProcFile(cgroupPath, cgroup) || !readProcFile(autogroupPath, autogroup)) return 0;
   uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (std::string_view text : {cgroup, std::string_view("\0", 1), autogroup})
+  for (std::string_view text : {std::string_view(cgroup), std::string_view("\0", 1), std::string_view(autogroup)})
     for (char c : text) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
   return h == 0 ? 1 : h;
 }
@@ -129,7 +124,7 @@ HostPollers::~HostPollers() = default;
 HostPollers::Slot* HostPollers::claim() {
   int expected = 0;
   if (!claimState.compare_exchange_strong(expected, 2)) return mySlot()->load();
-  myGroup.store(groupKey());
+  myGroup.store(groupKeyOf("/proc/self/cgroup", "/proc/self/autogroup"));
   if (table_ == nullptr) return nullptr;
   const int32_t me = ::getpid();
   for (Slot& slot : table_->slots) {

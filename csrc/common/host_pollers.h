@@ -20,7 +20,6 @@
 // starts with no pollers and claims its own slot.
 
 #include <cstdint>
-#include <string_view>
 #include <vector>
 
 namespace torchrpc::common {
@@ -41,11 +40,13 @@ class HostPollers {
   // This process and the live processes of the table in its scheduling
   // group (scans it: for samples only).
   std::vector<int32_t> groupPids();
-  // The group key of a process whose /proc/<pid>/cgroup and autogroup read
-  // `cgroup` and `autogroup`; never 0. An empty autogroup is a real one: the
-  // host's default autogroup, of every process in no session of its own
-  // (as under an init or a service manager that never calls setsid).
-  static uint64_t groupKeyOf(std::string_view cgroup, std::string_view autogroup);
+  // The scheduling group of a process whose cgroup and autogroup files
+  // (/proc/self/... for this one) are these: a hash of their texts, so any
+  // difference gives another key; 0 if either cannot be read (a doubt counts
+  // as another group). An empty autogroup is a real one: the host's default
+  // autogroup, of every process in no session of its own (as under an init
+  // or a service manager that never calls setsid).
+  static uint64_t groupKeyOf(const char* cgroupPath, const char* autogroupPath);
 
   HostPollers(const HostPollers&) = delete;
   HostPollers& operator=(const HostPollers&) = delete;

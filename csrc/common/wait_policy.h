@@ -17,9 +17,9 @@
 //    under kOthersIdle, every runnable thread is one that a yield gives way
 //    to, and polls are free whatever rules 1 and 2 would find: on 2 cores a
 //    job in one session keeps 3 of its own threads runnable, and rule 1 alone
-//    refused most of its polls (benchmarks/HISTORY.md). A
-//    process that is no torchrpc process of the group counts as another
-//    group's, even in the same session: rules 1 and 2 then decide.
+//    refused most of its polls (benchmarks/HISTORY.md). A process that is no
+//    torchrpc process of the group counts as another group's, even in the
+//    same session: rules 1 and 2 then decide.
 // 1. A free core, now. A sample reads the host's runnable threads
 //    (/proc/loadavg) and how many of them are torchrpc pollers
 //    (common/host_pollers.h); the rest is work. While work fills every core,

@@ -334,8 +334,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // This process's scheduling group as the host's table of torchrpc
   // processes knows it (claims this process's slot).
   m.def("group_pids", [] { return wp::HostPollers::instance().groupPids(); });
-  m.def("group_key_of", [](const std::string& cgroup, const std::string& autogroup) {
-    return wp::HostPollers::groupKeyOf(cgroup, autogroup);
+  m.def("group_key_of", [](const std::string& cgroupPath, const std::string& autogroupPath) {
+    return wp::HostPollers::groupKeyOf(cgroupPath.c_str(), autogroupPath.c_str());
   });
 
   // An exported program's signature (tests/unit/test_exported_signature.py):

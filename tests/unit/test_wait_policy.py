@@ -225,12 +225,16 @@ def test_no_polls_while_a_busy_process_runs_on_every_core():
             proc.stdout.close()
 
 
-def test_group_key_knows_the_default_autogroup():
+def test_group_key_knows_the_default_autogroup(tmp_path):
     """A process in no session of its own (started by an init or a service
     manager that never calls setsid, as on some CI runners) reads an empty
     autogroup: the host's default one. It is a group like any other, so rule 0
     still finds the job's processes there; sessions and cgroups stay apart."""
-    key = hooks().group_key_of
+    def key(cgroup, autogroup):  # the key of a process whose two files read these texts
+        (tmp_path / "cgroup").write_text(cgroup)
+        (tmp_path / "autogroup").write_text(autogroup)
+        return hooks().group_key_of(str(tmp_path / "cgroup"), str(tmp_path / "autogroup"))
+
     cgroup, session = "0::/\n", "/autogroup-7 nice 0\n"
     assert key(cgroup, "") != 0 and key(cgroup, "") == key(cgroup, "")
     assert key(cgroup, "") != key(cgroup, session)
