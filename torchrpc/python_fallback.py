@@ -11,6 +11,8 @@ taken out and sent as raw bytes beside it. An object that travels by
 reference (an RRef) has ``_torchrpc_reference(request_to)``, which returns
 ``(rebuild, fork)``: the pickle carries the fork and names ``rebuild``, which
 makes the object again on the receiver, so this module never imports RRef.
+There its ``_torchrpc_unconfirmed()`` names what a call that received it
+waits for before it runs (an RRef that its owner has not confirmed yet).
 Types that pickle differently through RPC than elsewhere (RemoteModule)
 register a reducer with :func:`register_reducer`.
 
@@ -126,13 +128,19 @@ class _CloudPickler(cloudpickle.CloudPickler):
 
 
 class _Unpickler(pickle.Unpickler):
-    def __init__(self, file, tensors):
+    def __init__(self, file, tensors, awaited=None):
         super().__init__(file)
         self._tensors = tensors
+        self._awaited = awaited
 
     def persistent_load(self, pid):
         if pid[0] == "ref":
-            return pid[1](pid[2])  # e.g. torchrpc.rref._receive(fork)
+            obj = pid[1](pid[2])  # e.g. torchrpc.rref._receive(fork)
+            if self._awaited is not None:
+                unconfirmed = obj._torchrpc_unconfirmed()
+                if unconfirmed is not None:
+                    self._awaited.append(unconfirmed)
+            return obj
         if pid[0] == "module":
             return torch.jit.load(io.BytesIO(pid[1]))
         if pid[0] == "script":
@@ -192,8 +200,10 @@ def cancel_forks(forks):
             session.rref_ctx.cancel_fork(fork)
 
 
-def loads(data, tensors):
-    return _Unpickler(io.BytesIO(data), list(tensors)).load()
+def loads(data, tensors, awaited=None):
+    """Unpickles what dumps() made. `awaited`, a list, receives the native
+    handles of the RRefs in it that their owners have not confirmed yet."""
+    return _Unpickler(io.BytesIO(data), list(tensors), awaited).load()
 
 
 # ---- caller side -------------------------------------------------------------
@@ -302,10 +312,10 @@ def _finish(result, name, fn, now, later=None):
 
 def handle_call(payload, tensors, caller_rank):
     """Runs one Python call. Called by the native bridge with the GIL held."""
-    outcome = _run(payload, tensors)
-    if outcome[0] != "ok":
-        return outcome
-    _, result, name, fn = outcome
+    return _run(payload, tensors, _call_outcome)
+
+
+def _call_outcome(result, name, fn):
     return _finish(result, name, fn, lambda value: encode_value(value, name))
 
 
@@ -331,10 +341,10 @@ def handle_remote(payload, tensors, caller_rank):
     """Runs the Python call of a remote() on the owner; returns ("ok", value)
     (the owner keeps the object), ("async", future of that outcome) for an
     @async_execution function or method, or ("err", ...)."""
-    outcome = _run(payload, tensors)
-    if outcome[0] != "ok":
-        return outcome
-    _, result, name, fn = outcome
+    return _run(payload, tensors, _value_outcome)
+
+
+def _value_outcome(result, name, fn):
     # The owner's value is what the future gives.
     return _finish(result, name, fn, lambda value: ("ok", value), _remote_outcome)
 
@@ -393,13 +403,17 @@ def _qualified_name(fn):
     return f"{getattr(fn, '__module__', None) or type(fn).__module__}.{name}"
 
 
-def _run(payload, tensors):
-    """Unpickles and runs a call: ("ok", result, name, function) or ("err", ...).
+def _run(payload, tensors, outcome):
+    """Unpickles and runs a call: outcome(result, name, function), or ("err", ...).
     With an allowlist, the loaded function's own name (not the one the caller
-    gives) is checked before it runs."""
+    gives) is checked before it runs. A call whose arguments hold RRefs that
+    their owners have not confirmed yet returns ("wait", their handles, run):
+    as upstream, it runs only once they are confirmed, when the native bridge
+    calls run()."""
     name = "<python call>"
+    awaited = []
     try:
-        digest, data, name, args, kwargs = loads(payload, tensors)
+        digest, data, name, args, kwargs = loads(payload, tensors, awaited)
         if data is not None:
             fn = callables.load_function(data, name)
             with _lock:
@@ -416,11 +430,21 @@ def _run(payload, tensors):
         why = _function_refusal(fn)
         if why is not None:
             return ("err", errors.CalleePolicyError.REMOTE_TYPE, why, "", name)
+    except BaseException as exc:  # everything the user code raises goes back
+        _log_callee_error(name, exc)
+        return _error(exc, name)
+    if awaited:
+        return ("wait", awaited, lambda: _call(fn, name, args, kwargs, outcome))
+    return _call(fn, name, args, kwargs, outcome)
+
+
+def _call(fn, name, args, kwargs, outcome):
+    try:
         result = fn(*(args or ()), **(kwargs or {}))
     except BaseException as exc:  # everything the user code raises goes back
         _log_callee_error(name, exc)
         return _error(exc, name)
-    return ("ok", result, name, fn)
+    return outcome(result, name, fn)
 
 
 def _log_callee_error(name, exc):

@@ -118,13 +118,10 @@ class RRef:
         return self.owner().name
 
     def confirmed_by_owner(self):
-        """Whether the owner knows about this RRef (always True on the owner).
-
-        A user RRef is confirmed once the owner registered it (remote()'s
-        response, or the owner's answer to the fork request when the RRef came
-        from another user). Before that, this worker keeps it alive even if
-        your code drops it, so the owner cannot free the value early.
-        """
+        """Whether the owner knows about this RRef (always True on the owner): once
+        it answered remote(), or the fork request of an RRef from another user (a
+        call that receives one runs only then, as upstream's). Until then this
+        worker keeps it alive, so the owner cannot free the value early."""
         return self._handle.confirmed()
 
     def _get_profiling_future(self):
@@ -279,6 +276,10 @@ class RRef:
     def _torchrpc_reference(self, request_to):
         """python_fallback's pickler: (rebuild, fork), rebuilt by rebuild(fork)."""
         return _receive, self._fork(request_to)
+
+    def _torchrpc_unconfirmed(self):
+        """python_fallback's unpickler: the handle a call waits for, or None."""
+        return None if self._handle.confirmed() else self._handle
 
     def _torchrpc_script_value(self):
         """dispatch's retry for TorchScript and builtin callees: the TorchScript RRef."""
@@ -494,7 +495,6 @@ def _live_rrefs():
 
 
 def _wait_idle(timeout=10.0):
-    """Waits until this worker's RRef protocol messages were answered; returns
-    how many are still in flight."""
+    """Waits until this worker's RRef protocol messages were answered; returns how many are not."""
     session = state.current()
     return 0 if session is None else session.rref_ctx.wait_idle(timeout)

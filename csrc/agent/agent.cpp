@@ -30,6 +30,8 @@ std::chrono::steady_clock::time_point deadlineAfter(double seconds) {
              std::chrono::duration<double>(seconds));
 }
 
+thread_local std::shared_ptr<CallScope> currentScope;
+
 // Two interceptors' scopes of one request: `outer`'s envelope held `inner`'s.
 // The handler runs under both; the response is wrapped inner first.
 class NestedScope : public CallScope {
@@ -65,6 +67,12 @@ c10::IValue rawResponse(message::Message&& m) {
 }
 
 }  // namespace
+
+std::shared_ptr<CallScope> CallScope::current() { return currentScope; }
+CallScope::Entered::Entered(std::shared_ptr<CallScope> scope) : previous_(std::move(currentScope)) {
+  currentScope = std::move(scope);
+}
+CallScope::Entered::~Entered() { currentScope = std::move(previous_); }
 
 Agent::Agent(AgentOptions options)
     : options_(std::move(options)),
@@ -332,13 +340,7 @@ void Agent::serve(message::Message&& request, int callerRank, message::Reply rep
   try {
     if (type == message::MessageType::kScriptCall || type == message::MessageType::kBuiltinCall) {
       script_dispatch::run(std::move(request), registry_, options_.policy,
-                           [this, scope](std::function<void()> fn) {
-                             if (!scope) {
-                               pool_->run(std::move(fn));
-                               return;
-                             }
-                             pool_->run([scope, fn = std::move(fn)] { scope->run(fn); });
-                           },
+                           [this, scope](std::function<void()> fn) { continueOnPool(scope, std::move(fn)); },
                            options_.name, reply);
       return;
     }
@@ -357,6 +359,19 @@ void Agent::serve(message::Message&& request, int callerRank, message::Reply rep
       reply.error(message::describeException(std::current_exception(), what ? *what : message::messageTypeName(type), options_.name));
     }
   }
+}
+
+void Agent::continueOnPool(std::shared_ptr<CallScope> scope, std::function<void()> fn) {
+  if (!scope) {
+    pool_->run(std::move(fn));
+    return;
+  }
+  pool_->run([scope = std::move(scope), fn = std::move(fn)] {
+    scope->run([&] {
+      CallScope::Entered entered(scope);
+      fn();
+    });
+  });
 }
 
 message::Message Agent::resultCannotTravel(uint64_t id, const std::string& why) const {

@@ -135,6 +135,9 @@ class Agent : public std::enable_shared_from_this<Agent> {
   // value. `scope` (from the interceptor) covers the handler's continuations.
   void serve(message::Message&& request, int callerRank, message::Reply reply,
              const std::shared_ptr<CallScope>& scope = nullptr);
+  // Runs `fn`, a handler's continuation, on the pool under `scope` (a
+  // handler's CallScope::current(), maybe null), which is current meanwhile.
+  void continueOnPool(std::shared_ptr<CallScope> scope, std::function<void()> fn);
 
   // Whether a connection to `rank` is open or can be opened within
   // `timeoutSeconds` (a worker that exited listens no more: refused at once).

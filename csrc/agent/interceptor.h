@@ -28,24 +28,21 @@ class CallScope {
   virtual void outgoingResponse(message::Message& response) = 0;
 
   // The scope the calling thread's handler runs under, or null: a handler
-  // that answers later (from a callback) runs its continuation under it.
-  static std::shared_ptr<CallScope> current() { return current_; }
+  // that answers later (from a callback) runs its continuation under it
+  // (Agent::continueOnPool). Defined in libtorchrpc, so that the Python
+  // module's handlers see the same thread-local.
+  static std::shared_ptr<CallScope> current();
   // Makes `scope` current on this thread for a block (Agent::dispatch).
   class Entered {
    public:
-    explicit Entered(std::shared_ptr<CallScope> scope) : previous_(std::move(current_)) {
-      current_ = std::move(scope);
-    }
-    ~Entered() { current_ = std::move(previous_); }
+    explicit Entered(std::shared_ptr<CallScope> scope);
+    ~Entered();
     Entered(const Entered&) = delete;
     Entered& operator=(const Entered&) = delete;
 
    private:
     std::shared_ptr<CallScope> previous_;
   };
-
- private:
-  static inline thread_local std::shared_ptr<CallScope> current_;
 };
 
 // What the caller's agent knows of a request it is sending.

@@ -7,6 +7,7 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/custom_class_detail.h>
 
+#include <atomic>
 #include <mutex>
 #include <unordered_map>
 
@@ -15,7 +16,7 @@ namespace torchrpc::message {
 namespace {
 
 thread_local PickleScope* currentPickleScope = nullptr;
-thread_local bool unpickling = false;
+thread_local UnpickleScope* currentUnpickleScope = nullptr;
 
 constexpr const char* kCustomClassPrefix = "__torch__.torch.classes.";
 
@@ -85,9 +86,13 @@ void PickleScope::commit() { committed_ = true; }
 void PickleScope::onAbort(std::function<void()> undo) { undo_.push_back(std::move(undo)); }
 PickleScope* PickleScope::current() { return currentPickleScope; }
 
-UnpickleScope::UnpickleScope() : outer_(unpickling) { unpickling = true; }
-UnpickleScope::~UnpickleScope() { unpickling = outer_; }
-bool UnpickleScope::active() { return unpickling; }
+UnpickleScope::UnpickleScope() : outer_(currentUnpickleScope) { currentUnpickleScope = this; }
+UnpickleScope::~UnpickleScope() { currentUnpickleScope = outer_; }
+bool UnpickleScope::active() { return currentUnpickleScope != nullptr; }
+
+void UnpickleScope::awaitBeforeUse(c10::intrusive_ptr<c10::ivalue::Future> future) {
+  if (currentUnpickleScope != nullptr) currentUnpickleScope->awaited_.push_back(std::move(future));
+}
 
 Message ivalueMessage(MessageType type, uint64_t id, const c10::IValue& value) {
   Message m;
@@ -100,12 +105,24 @@ Message ivalueMessage(MessageType type, uint64_t id, const c10::IValue& value) {
   return m;
 }
 
-c10::IValue messageIValue(const Message& message) {
+c10::IValue messageIValue(const Message& message, std::vector<c10::intrusive_ptr<c10::ivalue::Future>>* awaited) {
   const std::string bad = checkPickle(message.payload.data(), message.payload.size());
   TORCH_CHECK(bad.empty(), "malformed ", messageTypeName(message.type), " payload: ", bad);
   UnpickleScope scope;
-  return torch::jit::unpickle(message.payload.data(), message.payload.size(), loadObject,
-                              resolveType, message.tensors);
+  c10::IValue value = torch::jit::unpickle(message.payload.data(), message.payload.size(), loadObject,
+                                           resolveType, message.tensors);
+  if (awaited != nullptr) *awaited = scope.takeAwaited();
+  return value;
+}
+
+void whenReady(const std::vector<c10::intrusive_ptr<c10::ivalue::Future>>& awaited, std::function<void()> then) {
+  auto left = std::make_shared<std::atomic<size_t>>(awaited.size() + 1);  // + 1: this thread's, below
+  auto once = std::make_shared<std::function<void()>>(std::move(then));
+  auto done = [left, once] {
+    if (left->fetch_sub(1) == 1) (*once)();
+  };
+  for (const auto& future : awaited) future->addCallback([done](c10::ivalue::Future&) { done(); });
+  done();
 }
 
 Message exceptionMessage(uint64_t id, const RemoteException& e) {

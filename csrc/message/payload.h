@@ -19,7 +19,13 @@ namespace torchrpc::message {
 Message ivalueMessage(MessageType type, uint64_t id, const c10::IValue& value);
 // Unpickles a message (inside an UnpickleScope). Objects of TorchScript custom
 // classes (torch.classes.*) are rebuilt with their class's __setstate__.
-c10::IValue messageIValue(const Message& message);
+// `awaited`, if given, receives what the value must wait for before it is used
+// (UnpickleScope::awaitBeforeUse); without it, nothing waits.
+c10::IValue messageIValue(const Message& message,
+                          std::vector<c10::intrusive_ptr<c10::ivalue::Future>>* awaited = nullptr);
+// Calls `then` once every future of `awaited` has completed (with a value or
+// an error): on the thread that completes the last, or at once on this one.
+void whenReady(const std::vector<c10::intrusive_ptr<c10::ivalue::Future>>& awaited, std::function<void()> then);
 
 // ---- custom-class objects inside payloads ----------------------------------
 //
@@ -58,9 +64,15 @@ class UnpickleScope {
   UnpickleScope(const UnpickleScope&) = delete;
   UnpickleScope& operator=(const UnpickleScope&) = delete;
   static bool active();
+  // A hook's object is not ready for use until `future` completes (an RRef
+  // whose owner has not confirmed it yet): the innermost open scope keeps it
+  // for its messageIValue() caller.
+  static void awaitBeforeUse(c10::intrusive_ptr<c10::ivalue::Future> future);
+  std::vector<c10::intrusive_ptr<c10::ivalue::Future>> takeAwaited() { return std::move(awaited_); }
 
  private:
-  bool outer_;
+  UnpickleScope* outer_;
+  std::vector<c10::intrusive_ptr<c10::ivalue::Future>> awaited_;
 };
 
 // What a callee reports when a call fails.

@@ -8,6 +8,7 @@
 
 #include "message/payload.h"
 #include "python_fallback/python_rref.h"
+#include "rref/rref.h"
 
 namespace py = pybind11;
 
@@ -81,7 +82,7 @@ message::Message pythonResponse(const py::handle& outcome, uint64_t id, const st
 }
 
 void runAndRespond(const std::string& worker, const message::Reply& reply, const std::function<py::object()>& handler,
-                   const OutcomeResponse& other) {
+                   const OutcomeResponse& other, const OnWait& onWait) {
   const uint64_t id = reply.id();
   message::Message response;
   {
@@ -107,6 +108,10 @@ void runAndRespond(const std::string& worker, const message::Reply& reply, const
           }
           reply(std::move(late));
         });
+        return;
+      }
+      if (kind == "wait" && onWait) {
+        onWait(out);
         return;
       }
       if (kind == "ok" || kind == "err") {
@@ -156,15 +161,19 @@ struct Outcome {
 };
 
 // The owner's run of a remote()'s Python call: the value stays a Python object.
-void runForValue(const py::object& handler, message::Message& call, int callerRank, const std::string& worker,
-                 const message::Reply& reply) {
+void runForValue(const std::function<py::object()>& handler, const std::string& worker, const message::Reply& reply,
+                 const OnWait& onWait) {
   Outcome now;
   c10::intrusive_ptr<c10::ivalue::Future> later;
   {
     PythonTurn turn;  // before the GIL: see python_turn.h
     Gil gil;
     try {
-      py::tuple out = callPythonHandler(handler, call, callerRank);
+      py::tuple out = handler();
+      if (out[0].cast<std::string>() == "wait") {
+        onWait(out);
+        return;
+      }
       if (out[0].cast<std::string>() == "async") {
         // @async_execution (e.g. rref.remote().method()): the value is what
         // the function's future gives, as an outcome; no thread waits for it.
@@ -198,6 +207,34 @@ void runForValue(const py::object& handler, message::Message& call, int callerRa
   });
 }
 
+// Calls `then` (from any thread) once the owners of `rrefs` (a list of
+// RRefHandle) have confirmed them, or failed to. Needs the GIL.
+void whenConfirmed(const py::handle& rrefs, std::function<void()> then) {
+  std::vector<c10::intrusive_ptr<c10::ivalue::Future>> creations;
+  for (const auto& r : py::cast<std::vector<std::shared_ptr<rref::RRef>>>(rrefs)) {
+    if (auto user = std::dynamic_pointer_cast<rref::UserRRef>(r)) creations.push_back(user->creation());
+  }
+  message::whenReady(creations, std::move(then));
+}
+
+// Runs a PYTHON_CALL's handler, or a waiting call's continuation, and answers `reply`.
+void runPythonCall(agent::Agent& agent, const std::string& worker, const message::Reply& reply,
+                   const std::function<py::object()>& handler) {
+  OnWait onWait = [&agent, worker, reply](const py::tuple& out) {
+    auto run = sharedPyObject(py::reinterpret_borrow<py::object>(out[2]));
+    whenConfirmed(out[1], [&agent, worker, reply, run, scope = agent::CallScope::current()] {
+      agent.continueOnPool(scope, [&agent, worker, reply, run] {
+        runPythonCall(agent, worker, reply, [&] { return (*run)(); });
+      });
+    });
+  };
+  if (reply.wantsValue()) {
+    runForValue(handler, worker, reply, onWait);
+  } else {
+    runAndRespond(worker, reply, handler, nullptr, onWait);
+  }
+}
+
 }  // namespace
 
 void installPythonHandler(agent::Agent& agent, py::object call, py::object remote) {
@@ -205,12 +242,9 @@ void installPythonHandler(agent::Agent& agent, py::object call, py::object remot
   auto forValue = sharedPyObject(std::move(remote));
   const std::string worker = agent.options().name;
   agent.setHandler(message::MessageType::kPythonCall,
-                   [forCaller, forValue, worker](message::Message&& request, int callerRank, message::Reply reply) {
-                     if (reply.wantsValue()) {
-                       runForValue(*forValue, request, callerRank, worker, reply);
-                       return;
-                     }
-                     runAndRespond(worker, reply, [&] { return callPythonHandler(*forCaller, request, callerRank); });
+                   [&agent, forCaller, forValue, worker](message::Message&& request, int callerRank, message::Reply reply) {
+                     const auto& handler = reply.wantsValue() ? *forValue : *forCaller;
+                     runPythonCall(agent, worker, reply, [&] { return callPythonHandler(handler, request, callerRank); });
                    });
 }
 

@@ -20,6 +20,10 @@ namespace torchrpc::python_fallback {
 //   remote  for an RRef's owner, which keeps the value (a reply that wants
 //           it, see message/reply.h), returns ("ok", value) or the "err"
 //           tuple, or ("async", future of such a tuple).
+// Either may return ("wait", rrefs: list[RRefHandle], run): the call's
+// arguments hold RRefs that their owners have not confirmed yet. As upstream,
+// it runs once they have: run() then, on the pool and under the call's scope,
+// returns one of the outcomes above (or "wait" again).
 void installPythonHandler(agent::Agent& agent, pybind11::object call, pybind11::object remote);
 
 // resolver(name: str, module_hint: str) -> torch.jit.ScriptFunction | None
@@ -46,10 +50,12 @@ message::Message pythonResponse(const pybind11::handle& outcome, uint64_t id, co
 // Runs `handler` in a Python turn under the GIL and answers `reply` once with
 // its outcome: ("ok", ...) and ("err", ...) at once, ("async", future) when
 // the future (of such an outcome) completes. `other`, if given, makes the
-// response of any other outcome (under the GIL); an outcome neither knows,
-// or an exception, is answered as the bridge's failure.
+// response of any other outcome (under the GIL); `onWait`, if given, takes a
+// ("wait", ...) outcome (see installPythonHandler) and answers later; an
+// outcome none of them knows, or an exception, is answered as the bridge's failure.
 using OutcomeResponse = std::function<message::Message(const pybind11::tuple& outcome)>;
+using OnWait = std::function<void(const pybind11::tuple& outcome)>;
 void runAndRespond(const std::string& worker, const message::Reply& reply, const std::function<pybind11::object()>& handler,
-                   const OutcomeResponse& other = nullptr);
+                   const OutcomeResponse& other = nullptr, const OnWait& onWait = nullptr);
 
 }  // namespace torchrpc::python_fallback

@@ -233,6 +233,9 @@ std::shared_ptr<RRef> RRefContext::receive(const ForkData& fork) {
                                          /*confirmed=*/parentIsOwner);
   users_.add(user, /*pending=*/!parentIsOwner);
   if (!parentIsOwner) {
+    // A request carrying it runs once the owner confirmed it, as upstream's do
+    // (in the callee, confirmed_by_owner() is then true).
+    message::UnpickleScope::awaitBeforeUse(user->creation());
     sendTrackedSoon(fork.owner, idsMessage(message::MessageType::kRRefForkRequest, fork.rrefId, fork.forkId),
                     "FORK_REQUEST",
                     [self = shared_from_this(), forkId = fork.forkId, parent = fork.parent](std::exception_ptr error) {

@@ -178,21 +178,14 @@ void RRefContext::handleMethodCall(message::Message&& request, int callerRank, c
                                            call->name + "() of RRef " + call->rrefId.str(), worker});
       return;
     }
-    self->agent_->pool().run([self, held, call, scope, reply, worker] {
-      auto run = [&] {
-        try {
-          runMethod(*call, *held, self->pythonMethodRunner_, worker, reply);
-        } catch (...) {
-          if (!reply.answered()) {
-            reply.error(message::describeException(std::current_exception(),
-                                                   call->name + "() of RRef " + call->rrefId.str(), worker));
-          }
+    self->agent_->continueOnPool(scope, [self, held, call, reply, worker] {
+      try {
+        runMethod(*call, *held, self->pythonMethodRunner_, worker, reply);
+      } catch (...) {
+        if (!reply.answered()) {
+          reply.error(message::describeException(std::current_exception(),
+                                                 call->name + "() of RRef " + call->rrefId.str(), worker));
         }
-      };
-      if (scope) {
-        scope->run(run);
-      } else {
-        run();
       }
     });
   });

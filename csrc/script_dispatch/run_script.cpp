@@ -121,14 +121,17 @@ message::Message builtinCallMessage(const std::string& schemaName, std::vector<c
                        c10::ivalue::Tuple::create({schemaName, tupleOf(std::move(stack))}));
 }
 
-void run(message::Message&& request, Registry& registry, const CalleePolicy& policy, const TaskLauncher& launcher,
-         const std::string& worker, const message::Reply& reply) {
+namespace {
+
+// Runs a decoded call (the payload's tuple).
+void runDecoded(message::MessageType type, const c10::intrusive_ptr<c10::ivalue::Tuple>& call, Registry& registry,
+                const CalleePolicy& policy, const TaskLauncher& launcher, const std::string& worker,
+                const message::Reply& reply) {
   std::string function = "<undecoded call>";
   try {
-    auto call = message::messageIValue(request).toTuple();
     const auto& el = call->elements();
     function = el[0].toStringRef();
-    if (request.type == message::MessageType::kBuiltinCall) {
+    if (type == message::MessageType::kBuiltinCall) {
       runBuiltin(function, stackOf(el[1]), registry, policy, worker, reply);
       return;
     }
@@ -170,6 +173,32 @@ void run(message::Message&& request, Registry& registry, const CalleePolicy& pol
   } catch (...) {
     reply.error(message::describeException(std::current_exception(), function, worker));
   }
+}
+
+}  // namespace
+
+void run(message::Message&& request, Registry& registry, const CalleePolicy& policy, const TaskLauncher& launcher,
+         const std::string& worker, const message::Reply& reply) {
+  c10::intrusive_ptr<c10::ivalue::Tuple> call;
+  std::vector<c10::intrusive_ptr<c10::ivalue::Future>> awaited;
+  try {
+    call = message::messageIValue(request, &awaited).toTuple();
+  } catch (...) {
+    reply.error(message::describeException(std::current_exception(), "<undecoded call>", worker));
+    return;
+  }
+  const message::MessageType type = request.type;
+  if (awaited.empty()) {
+    runDecoded(type, call, registry, policy, launcher, worker, reply);
+    return;
+  }
+  // Its arguments hold RRefs that their owners have not confirmed yet: it runs
+  // once they have, as upstream's calls do; no thread waits meanwhile.
+  message::whenReady(awaited, [type, call, &registry, &policy, launcher, worker, reply] {
+    launcher([type, call, &registry, &policy, launcher, worker, reply] {
+      runDecoded(type, call, registry, policy, launcher, worker, reply);
+    });
+  });
 }
 
 bool inDispatch() { return inDispatch_; }

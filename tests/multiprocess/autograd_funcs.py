@@ -80,6 +80,22 @@ def script_scale(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.tanh(x * w) + w
 
 
+def scale_by_rref(rref, x):
+    # On the owner, through a nested call: recorded only inside the context.
+    return rpc.rpc_sync(rref.owner(), _times_local_value, args=(rref, x))
+
+
+def _times_local_value(rref, x):
+    return rref.local_value() * x
+
+
+@torch.jit.script
+def script_scale_by_rref(rref: rpc.RRef, x: torch.Tensor) -> torch.Tensor:
+    scale = rref.to_here()
+    assert isinstance(scale, torch.Tensor)
+    return scale * x
+
+
 class _FailInBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):

@@ -190,6 +190,19 @@ def test_remote_and_to_here():
         check(ctx, [x], ["worker1"], ((x * w1) * (x * w1)).sum(), [x, w1])
 
 
+def test_calls_that_wait_for_an_rrefs_confirmation_still_record_their_gradients():
+    # worker2 gets worker1's RRef from us, so its calls run later, once worker1
+    # confirmed the fork: still inside our context, Python (with a nested call
+    # back to worker1) and TorchScript alike.
+    x = leaf(1)
+    scale = rpc.remote("worker1", torch.mul, args=(torch.ones(3, 3), 3.0))
+    with rpc.autograd.context() as ctx:
+        y = rpc.rpc_sync("worker2", P.scale_by_rref, args=(scale, x))
+        z = rpc.rpc_sync("worker2", P.script_scale_by_rref, args=(scale, x))
+        rpc.autograd.backward(ctx, [(y * z).sum()])
+        check(ctx, [x], [], ((3 * x) * (3 * x)).sum(), [x])
+
+
 def test_rref_backward_in_a_context_starts_on_the_owner():
     x = leaf(1)
     with rpc.autograd.context() as ctx:

@@ -106,8 +106,10 @@ def test_many_remotes_in_flight():
 def test_user_rref_to_another_user():
     rref = rpc.remote("worker1", funcs.add, args=(torch.ones(2), torch.ones(2)))
     assert torch.equal(rpc.rpc_sync("worker2", rref_funcs.rref_to_here, args=(rref,)), torch.full((2,), 2.0))
-    # worker2's fork came from a user: confirmed only once worker1 answered its FORK_REQUEST
-    assert rpc.rpc_sync("worker2", rref_funcs.rref_info, args=(rref,))[:2] == (False, "worker1")
+    # worker2's fork came from a user: as upstream, the call runs once worker1
+    # answered worker2's FORK_REQUEST, so inside it the RRef is confirmed.
+    assert rpc.rpc_sync("worker2", rref_funcs.rref_info, args=(rref,)) == (False, "worker1", True)
+    assert rpc.remote("worker2", rref_funcs.rref_info, args=(rref,)).to_here() == (False, "worker1", True)
 
 
 def test_user_rref_back_to_its_owner_is_the_owner_rref():

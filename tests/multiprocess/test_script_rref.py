@@ -86,6 +86,17 @@ def test_confirmed_by_owner_in_script():
     assert rref_funcs.script_rref_confirmed(rpc.RRef(X).to_script())  # the owner's own
 
 
+def test_a_script_call_that_receives_a_third_workers_rref_runs_once_the_owner_confirmed_it():
+    # worker2 gets worker1's RRef from us: as upstream, the call (and remote()'s
+    # creating call) runs only once worker1 answered worker2's fork request.
+    # Without the wait it reads True about 1 time in 10 here: 5 fresh RRefs each.
+    rrefs = [rpc.remote("worker1", funcs.add, args=(X, X)) for _ in range(5)]
+    assert [rpc.rpc_sync("worker2", rref_funcs.script_rref_confirmed, args=(r,)) for r in rrefs] == [True] * 5
+    rrefs = [rpc.remote("worker1", funcs.add, args=(X, X)) for _ in range(5)]
+    assert [rpc.remote("worker2", rref_funcs.script_rref_confirmed, args=(r,)).to_here() for r in rrefs] == [True] * 5
+    assert torch.equal(rpc.rpc_sync("worker2", rref_funcs.script_to_here, args=(rrefs[0],)), X + X)
+
+
 # ---- RRefs as arguments and results ---------------------------------------------------
 
 def test_python_rref_as_argument_of_a_script_call_to_the_owner():
