@@ -13,6 +13,7 @@
 #include "autograd/recorder.h"
 #include "common/error.h"
 #include "common/logging.h"
+#include "common/when_all.h"
 #include "message/payload.h"
 
 namespace torchrpc::autograd {
@@ -22,30 +23,6 @@ using FuturePtr = c10::intrusive_ptr<c10::ivalue::Future>;
 namespace {
 
 const char* const kBackwardFunction = "torchrpc.autograd.backward";
-
-FuturePtr completed() {
-  auto f = c10::make_intrusive<c10::ivalue::Future>(c10::NoneType::get());
-  f->markCompleted(c10::IValue());
-  return f;
-}
-
-// One future for many: None when all succeed, else the first error.
-FuturePtr whenAll(std::vector<FuturePtr> futures) {
-  if (futures.empty()) return completed();
-  auto result = c10::make_intrusive<c10::ivalue::Future>(c10::NoneType::get());
-  c10::List<FuturePtr> list(c10::FutureType::create(c10::AnyType::get()));
-  for (auto& f : futures) list.push_back(f);
-  c10::collectAll(list)->addCallback([result, futures](c10::ivalue::Future&) {
-    for (const auto& f : futures) {
-      if (f->hasError()) {
-        result->setErrorIfNeeded(f->exception_ptr());
-        return;
-      }
-    }
-    result->markCompleted(c10::IValue());
-  });
-  return result;
-}
 
 std::atomic<uint64_t> endedByReports{0}, endedByResponses{0};
 
@@ -214,7 +191,7 @@ FuturePtr runPass(agent::Agent& agent, const std::shared_ptr<Context>& ctx,
     sent.push_back(std::move(f));
   }
   if (self != pass.rootRank && lastToRoot == nullptr) reportPass(agent, pass, report);
-  return whenAll(std::move(sent));
+  return common::whenAll(std::move(sent));
 }
 
 void sendCleanup(agent::Agent& agent, const Context& ctx) {

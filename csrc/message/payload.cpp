@@ -7,7 +7,6 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/custom_class_detail.h>
 
-#include <atomic>
 #include <mutex>
 #include <unordered_map>
 
@@ -113,16 +112,6 @@ c10::IValue messageIValue(const Message& message, std::vector<c10::intrusive_ptr
                                            resolveType, message.tensors);
   if (awaited != nullptr) *awaited = scope.takeAwaited();
   return value;
-}
-
-void whenReady(const std::vector<c10::intrusive_ptr<c10::ivalue::Future>>& awaited, std::function<void()> then) {
-  auto left = std::make_shared<std::atomic<size_t>>(awaited.size() + 1);  // + 1: this thread's, below
-  auto once = std::make_shared<std::function<void()>>(std::move(then));
-  auto done = [left, once] {
-    if (left->fetch_sub(1) == 1) (*once)();
-  };
-  for (const auto& future : awaited) future->addCallback([done](c10::ivalue::Future&) { done(); });
-  done();
 }
 
 Message exceptionMessage(uint64_t id, const RemoteException& e) {

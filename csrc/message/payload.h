@@ -19,13 +19,10 @@ namespace torchrpc::message {
 Message ivalueMessage(MessageType type, uint64_t id, const c10::IValue& value);
 // Unpickles a message (inside an UnpickleScope). Objects of TorchScript custom
 // classes (torch.classes.*) are rebuilt with their class's __setstate__.
-// `awaited`, if given, receives what the value must wait for before it is used
-// (UnpickleScope::awaitBeforeUse); without it, nothing waits.
+// `awaited`, if given, receives the futures the value must wait for before it
+// is used (UnpickleScope::awaitBeforeUse); without it, nothing waits.
 c10::IValue messageIValue(const Message& message,
                           std::vector<c10::intrusive_ptr<c10::ivalue::Future>>* awaited = nullptr);
-// Calls `then` once every future of `awaited` has completed (with a value or
-// an error): on the thread that completes the last, or at once on this one.
-void whenReady(const std::vector<c10::intrusive_ptr<c10::ivalue::Future>>& awaited, std::function<void()> then);
 
 // ---- custom-class objects inside payloads ----------------------------------
 //

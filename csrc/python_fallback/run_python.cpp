@@ -6,6 +6,7 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "common/when_all.h"
 #include "message/payload.h"
 #include "python_fallback/python_rref.h"
 #include "rref/rref.h"
@@ -214,7 +215,7 @@ void whenConfirmed(const py::handle& rrefs, std::function<void()> then) {
   for (const auto& r : py::cast<std::vector<std::shared_ptr<rref::RRef>>>(rrefs)) {
     if (auto user = std::dynamic_pointer_cast<rref::UserRRef>(r)) creations.push_back(user->creation());
   }
-  message::whenReady(creations, std::move(then));
+  common::whenAll(std::move(creations))->addCallback([then = std::move(then)](c10::ivalue::Future&) { then(); });
 }
 
 // Runs a PYTHON_CALL's handler, or a waiting call's continuation, and answers `reply`.

@@ -4,6 +4,7 @@
 
 #include <utility>
 
+#include "common/when_all.h"
 #include "message/payload.h"
 #include "script_dispatch/shipped_code.h"
 
@@ -194,11 +195,12 @@ void run(message::Message&& request, Registry& registry, const CalleePolicy& pol
   }
   // Its arguments hold RRefs that their owners have not confirmed yet: it runs
   // once they have, as upstream's calls do; no thread waits meanwhile.
-  message::whenReady(awaited, [type, call, &registry, &policy, launcher, worker, reply] {
-    launcher([type, call, &registry, &policy, launcher, worker, reply] {
-      runDecoded(type, call, registry, policy, launcher, worker, reply);
-    });
-  });
+  common::whenAll(std::move(awaited))
+      ->addCallback([type, call, &registry, &policy, launcher, worker, reply](c10::ivalue::Future&) {
+        launcher([type, call, &registry, &policy, launcher, worker, reply] {
+          runDecoded(type, call, registry, policy, launcher, worker, reply);
+        });
+      });
 }
 
 bool inDispatch() { return inDispatch_; }
