@@ -4,6 +4,7 @@ tests hand to its main thread (see funcs.on_main) until told to stop."""
 import argparse
 import ctypes
 import faulthandler
+import gc
 import json
 import os
 import signal
@@ -72,6 +73,7 @@ def main():
     except Exception as exc:
         print(f"{args.name}: init_rpc failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         sys.exit(2)
+    gc.freeze()  # what tests collect is theirs: no full scan of torch's objects
     if signal_stop:
         got = signal.sigtimedwait(_STOP_SIGNALS, args.idle_limit)
         graceful = None if got is None else _STOP_SIGNALS[got.si_signo]
