@@ -87,6 +87,13 @@ def backward(context_id, roots, retain_graph=False):
         raise TypeError("torchrpc.autograd.backward(): incompatible function arguments: it expects "
                         "roots as a list of tensors, e.g. backward(context_id, [loss]); "
                         f"got {type(roots).__name__}")
+    if torch.autograd._profiler_enabled():  # the whole pass as one range, named as upstream's
+        with torch.autograd.profiler.record_function("torch::distributed::autograd::backward"):
+            return _backward(context_id, roots, retain_graph)
+    return _backward(context_id, roots, retain_graph)
+
+
+def _backward(context_id, roots, retain_graph):
     call = native().autograd_backward(_agent("torchrpc.autograd.backward"), context_id, list(roots),
                                       bool(retain_graph))
     ok, value = call.result()

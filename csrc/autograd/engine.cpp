@@ -1,5 +1,7 @@
 #include "autograd/engine.h"
 
+#include <ATen/ThreadLocalState.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <atomic>
@@ -13,6 +15,7 @@
 #include "autograd/recorder.h"
 #include "common/error.h"
 #include "common/logging.h"
+#include "common/python_held.h"
 #include "common/when_all.h"
 #include "message/payload.h"
 
@@ -39,6 +42,15 @@ class Tracker {
  public:
   explicit Tracker(int64_t rootPass) : future(c10::make_intrusive<c10::ivalue::Future>(c10::NoneType::get())) {
     note(rootPass, kStarted);
+    // A profiled backward() (thread-local RecordFunction callbacks): the
+    // root's later passes, on pool threads, run under the caller's state, so
+    // the profile shows them as upstream's does.
+    if (at::hasThreadLocalCallbacks()) callerState = std::make_shared<at::ThreadLocalState>();
+  }
+  // The last reference may go on an I/O thread, and the state may hold Python
+  // objects (modes, saved-tensor hooks): freed on rpc-drop.
+  ~Tracker() {
+    if (callerState) common::dropAside(std::move(callerState));
   }
 
   void report(const PassReport& r) {
@@ -62,6 +74,7 @@ class Tracker {
   }
 
   const FuturePtr future;
+  std::shared_ptr<at::ThreadLocalState> callerState;  // null unless profiled
 
  private:
   static constexpr uint8_t kStarted = 1, kDone = 2;
@@ -175,6 +188,9 @@ FuturePtr runPass(agent::Agent& agent, const std::shared_ptr<Context>& ctx,
   size_t i = 0;
   for (auto& kv : toSend) {
     RecvRpcBackward* recv = kv.first;
+    // The engine captured this node's gradients instead of running it: the
+    // profile still shows it, as upstream's, where it sends them.
+    RECORD_FUNCTION_WITH_SCOPE(at::RecordScope::BACKWARD_FUNCTION, recv->name(), std::vector<c10::IValue>());
     const int64_t child = report.children[i++];
     BackwardRequest request{ctx->id(), recv->sendId, retainGraph, std::move(kv.second.grads),
                             pass.rootRank, pass.backwardId, child, std::nullopt};
@@ -250,6 +266,12 @@ FuturePtr startBackward(agent::Agent& agent, message::Message&& request, int cal
     inputs.push_back(std::move(*r.grads[i]));
   }
   PassInfo pass{r.rootRank, r.backwardId, r.passId, callerRank};
+  std::shared_ptr<Tracker> tracker;
+  if (r.rootRank == agent.options().rank) tracker = Trackers::get().find(r.backwardId);
+  if (tracker && tracker->callerState) {
+    at::ThreadLocalStateGuard profiled(*tracker->callerState);
+    return runPass(agent, ctx, roots, inputs, /*keepGraph=*/true, r.retainGraph, pass);
+  }
   return runPass(agent, ctx, roots, inputs, /*keepGraph=*/true, r.retainGraph, pass);
 }
 

@@ -103,6 +103,29 @@ def test_profiling_inside_a_distributed_autograd_context():
     one(prof.function_events, "rpc_sync#aten::mul(worker0 -> worker1)#remote_op: aten::mul")
 
 
+@pytest.mark.parametrize("profiler", [profile, torch.autograd.profiler.profile], ids=["legacy", "kineto"])
+def test_a_profiled_backward_shows_the_pass_its_rpc_functions_and_the_later_local_pass(profiler):
+    # The root's pass after the gradients came back (a pool thread) runs under
+    # the caller's profiler, as upstream's engine does: its MulBackward0 and
+    # SendRpcBackward are in the profile, inside the whole backward's range.
+    a = torch.ones(2, requires_grad=True)
+    with rpc.autograd.context() as ctx:
+        loss = rpc.rpc_sync("worker1", torch.add, args=(a * 2, 1.0)).sum()
+        with profiler() as prof:
+            rpc.autograd.backward(ctx, [loss])
+        assert torch.equal(rpc.autograd.get_gradients(ctx)[a], torch.full((2,), 2.0))
+    events = prof.function_events
+    whole = one(events, "torch::distributed::autograd::backward")
+    for name in ("torch::distributed::autograd::RecvRpcBackward", "torch::distributed::autograd::SendRpcBackward",
+                 "MulBackward0"):
+        event = one(events, name)
+        assert whole.time_range.start <= event.time_range.start <= event.time_range.end <= whole.time_range.end
+    # A backward after the profile records nothing more in it.
+    with rpc.autograd.context() as ctx:
+        rpc.autograd.backward(ctx, [rpc.rpc_sync("worker1", torch.add, args=(a * 2, 1.0)).sum()])
+    assert len(prof.function_events) == len(events)
+
+
 def test_a_failed_call_ends_its_range():
     with profile() as prof:
         with pytest.raises(ValueError):
