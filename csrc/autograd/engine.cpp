@@ -7,6 +7,7 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "autograd/autograd_messages.h"
@@ -268,10 +269,8 @@ FuturePtr startBackward(agent::Agent& agent, message::Message&& request, int cal
   PassInfo pass{r.rootRank, r.backwardId, r.passId, callerRank};
   std::shared_ptr<Tracker> tracker;
   if (r.rootRank == agent.options().rank) tracker = Trackers::get().find(r.backwardId);
-  if (tracker && tracker->callerState) {
-    at::ThreadLocalStateGuard profiled(*tracker->callerState);
-    return runPass(agent, ctx, roots, inputs, /*keepGraph=*/true, r.retainGraph, pass);
-  }
+  std::optional<at::ThreadLocalStateGuard> profiled;
+  if (tracker && tracker->callerState) profiled.emplace(*tracker->callerState);
   return runPass(agent, ctx, roots, inputs, /*keepGraph=*/true, r.retainGraph, pass);
 }
 
