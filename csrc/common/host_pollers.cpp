@@ -31,8 +31,9 @@ std::atomic<int> claimState{0};
 struct HostPollers::Slot {
   std::atomic<int32_t> pid;
   std::atomic<int32_t> pollers;
-  std::atomic<uint64_t> group;  // the pid's groupKeyOf(); 0: unknown
-  char pad[48];
+  std::atomic<uint64_t> group;    // the pid's groupKeyOf(); 0: unknown
+  std::atomic<uint64_t> started;  // the process's start time (proc::ProcessStat)
+  char pad[40];
 };
 static_assert(std::atomic<int32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free &&
                   sizeof(HostPollers::Slot) == 64,
@@ -49,19 +50,6 @@ std::atomic<HostPollers::Slot*>* mySlot() {
   return &slot;
 }
 
-// Reads a small /proc file whole into `out`; false if it cannot be opened or
-// read. An empty file is empty text, not an error.
-bool readProcFile(const char* path, std::string& out) {
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char buf[4096];
-  const ssize_t n = ::read(fd, buf, sizeof buf);
-  ::close(fd);
-  if (n < 0) return false;
-  out.assign(buf, static_cast<size_t>(n));
-  return true;
-}
-
 std::atomic<uint64_t> myGroup{0};  // this process's groupKeyOf(), set when it claims its slot
 
 void forgetSlotInChild() {
@@ -73,7 +61,7 @@ void forgetSlotInChild() {
 // not a private regular file of this user (another user may have created
 // the name first).
 void* mapTable(size_t bytes) {
-  const std::string path = "/dev/shm/torchrpc-pollers-v2-" + std::to_string(geteuid());
+  const std::string path = "/dev/shm/torchrpc-pollers-v3-" + std::to_string(geteuid());
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) return nullptr;
   struct stat st;
@@ -89,11 +77,23 @@ void* mapTable(size_t bytes) {
 
 bool alive(int32_t pid) { return ::kill(pid, 0) == 0 || errno != ESRCH; }
 
+// Whether the process that claimed `slot` (its pid, read as `pid`) still
+// runs: false if it is gone, or its pid now names a later process.
+bool claimantRuns(const HostPollers::Slot& slot, int32_t pid, proc::ProcessStat* stat = nullptr) {
+  proc::ProcessStat now;
+  if (!proc::processStat(pid, now)) return alive(pid);  // no /proc: the pid alone
+  if (now.started != slot.started.load(std::memory_order_relaxed)) return false;
+  if (stat != nullptr) *stat = now;
+  return true;
+}
+
+std::atomic<uint64_t> myStart{0};  // this process's start time, set when it claims its slot
+
 }  // namespace
 
 uint64_t HostPollers::groupKeyOf(const char* cgroupPath, const char* autogroupPath) {
   std::string cgroup, autogroup;
-  if (!readProcFile(cgroupPath, cgroup) || !readProcFile(autogroupPath, autogroup)) return 0;
+  if (!proc::readFile(cgroupPath, cgroup) || !proc::readFile(autogroupPath, autogroup)) return 0;
   uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (std::string_view text : {std::string_view(cgroup), std::string_view("\0", 1), std::string_view(autogroup)})
     for (char c : text) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
@@ -127,12 +127,18 @@ HostPollers::Slot* HostPollers::claim() {
   myGroup.store(groupKeyOf("/proc/self/cgroup", "/proc/self/autogroup"));
   if (table_ == nullptr) return nullptr;
   const int32_t me = ::getpid();
+  proc::ProcessStat self;
+  if (proc::processStat(me, self)) myStart.store(self.started);
   for (Slot& slot : table_->slots) {
+    // A negative pid is a claim in progress (readers skip it); a slot that
+    // holds this process's pid is a dead process's: group() frees it.
     int32_t pid = slot.pid.load();
-    if (pid == me || (pid != 0 && alive(pid))) continue;
-    if (!slot.pid.compare_exchange_strong(pid, me)) continue;
+    if (pid == me || (pid > 0 && claimantRuns(slot, pid)) || (pid < 0 && pid != INT32_MIN && alive(-pid))) continue;
+    if (!slot.pid.compare_exchange_strong(pid, -me)) continue;
     slot.pollers.store(0);
     slot.group.store(myGroup.load());
+    slot.started.store(myStart.load());
+    slot.pid.store(me);  // published with its fields
     mySlot()->store(&slot);
     claimState.store(1);
     return &slot;
@@ -164,18 +170,27 @@ int HostPollers::others() {
   return total;
 }
 
-std::vector<int32_t> HostPollers::groupPids() {
+std::vector<proc::ProcessStat> HostPollers::group() {
   const int32_t me = ::getpid();
-  std::vector<int32_t> pids{me};
+  std::vector<proc::ProcessStat> members(1);
+  if (!proc::processStat(me, members[0])) members[0].pid = me;
   if (claimState.load(std::memory_order_relaxed) == 0) claim();  // learns this process's group
   const uint64_t group = myGroup.load(std::memory_order_relaxed);
-  if (table_ == nullptr || group == 0) return pids;
+  if (table_ == nullptr) return members;
   for (Slot& slot : table_->slots) {
-    const int32_t pid = slot.pid.load(std::memory_order_relaxed);
-    if (pid <= 0 || pid == me || slot.group.load(std::memory_order_relaxed) != group || !alive(pid)) continue;
-    pids.push_back(pid);
+    int32_t pid = slot.pid.load(std::memory_order_relaxed);
+    if (pid <= 0 || pid == me) continue;
+    const bool ours = group != 0 && slot.group.load(std::memory_order_relaxed) == group;
+    if (!ours && slot.pollers.load(std::memory_order_relaxed) <= 0) continue;  // counts for nothing here
+    proc::ProcessStat stat;
+    if (!claimantRuns(slot, pid, &stat)) {
+      // Gone without freeing its slot (killed), maybe with polls counted: free it.
+      slot.pid.compare_exchange_strong(pid, 0);  // its next claimant resets the counts
+      continue;
+    }
+    if (ours && stat.pid == pid) members.push_back(stat);
   }
-  return pids;
+  return members;
 }
 
 }  // namespace torchrpc::common

@@ -8,10 +8,12 @@
 // that the policy can tell the CPU its own job uses from other groups'.
 //
 // Each process publishes its count in its own slot of a small table in shared
-// memory (/dev/shm/torchrpc-pollers-v2-<uid>, mode 0600): {pid, pollers,
-// group}, one cache line each. A process claims a free slot, or one whose pid
-// is dead, on first use and frees it at exit. Readers skip dead pids and
-// clamp every count, so a crashed process or a hostile table can skew the
+// memory (/dev/shm/torchrpc-pollers-v3-<uid>, mode 0600): {pid, start time,
+// pollers, group}, one cache line each. A process claims a free slot, or one
+// whose process is gone, on first use and frees it at exit. A process that
+// died without freeing its slot (killed) leaves it to whoever takes its pid:
+// the start time tells them apart, and group() frees such a slot. Readers skip
+// dead pids and clamp every count, so a crashed process or a hostile table can skew the
 // policy only towards polling as it did before it measured. Without /dev/shm
 // (or if the file is not this user's own), only this process's pollers are
 // known, and its group is itself.
@@ -21,6 +23,8 @@
 
 #include <cstdint>
 #include <vector>
+
+#include "common/proc_files.h"
 
 namespace torchrpc::common {
 
@@ -38,8 +42,10 @@ class HostPollers {
   // Pollers of the other live processes in the table (scans it: for samples only).
   int others();
   // This process and the live processes of the table in its scheduling
-  // group (scans it: for samples only).
-  std::vector<int32_t> groupPids();
+  // group, each with its /proc stat (scans the table and reads those
+  // processes' stat files: for rule 0's samples only). Frees the slots of
+  // processes whose pid another process has taken since.
+  std::vector<proc::ProcessStat> group();
   // The scheduling group of a process whose cgroup and autogroup files
   // (/proc/self/... for this one) are these: a hash of their texts, so any
   // difference gives another key; 0 if either cannot be read (a doubt counts

@@ -6,10 +6,11 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
+
+#include "common/proc_files.h"
 
 namespace torchrpc::common {
 
@@ -17,23 +18,8 @@ namespace {
 
 using Clock = WaitPolicy::Clock;
 
-// Reads a small /proc file from offset 0 into buf (NUL-terminated); false on error.
-bool readAt(int fd, char* buf, size_t size) {
-  if (fd < 0) return false;
-  const ssize_t n = ::pread(fd, buf, size - 1, 0);
-  if (n <= 0) return false;
-  buf[n] = '\0';
-  return true;
-}
-
-// Reads a whole small file into buf (NUL-terminated); false on error.
-bool readFile(const char* path, char* buf, size_t size) {
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  const bool ok = readAt(fd, buf, size);
-  ::close(fd);
-  return ok;
-}
+// Reads a small /proc file into buf; false on error or an empty read.
+bool readAt(int fd, char* buf, size_t size) { return proc::readAt(fd, buf, size) > 0; }
 
 // The host's CPU time in ticks: user, nice and system of /proc/stat's first
 // line (interrupts and steal belong to no group); -1 on error.
@@ -47,20 +33,6 @@ int64_t hostTicks() {
   return sum;
 }
 
-// A process's CPU time in ticks: utime + stime, fields 14 and 15 of
-// /proc/<pid>/stat; -1 if it is gone.
-int64_t processTicks(int32_t pid) {
-  char path[32], buf[1024];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
-  if (!readFile(path, buf, sizeof buf)) return -1;
-  const char* p = std::strrchr(buf, ')');  // the name may hold spaces and parentheses
-  for (int field = 2; field < 14 && p != nullptr; ++field) p = std::strchr(p + 1, ' ');
-  if (p == nullptr) return -1;
-  char* end = nullptr;
-  const int64_t utime = std::strtoll(p, &end, 10);
-  return utime + std::strtoll(end, nullptr, 10);
-}
-
 // Rule 0's measurement: the cores that other groups used over the last
 // window. Advanced by samples; one sampler at a time.
 class OthersCpu {
@@ -71,7 +43,7 @@ class OthersCpu {
     if (now - start_ < WaitPolicy::kWindow && host_ >= 0) return last_.load(std::memory_order_relaxed);
     const int64_t host = hostTicks();
     std::map<int32_t, int64_t> group;
-    for (int32_t pid : HostPollers::instance().groupPids()) group[pid] = processTicks(pid);
+    for (const proc::ProcessStat& process : HostPollers::instance().group()) group[process.pid] = process.ticks;
     // A window after a pause (an idle worker takes no samples) says nothing about now.
     const bool fresh = host_ >= 0 && host >= host_ && now - start_ < 3 * WaitPolicy::kWindow;
     double cores = -1;

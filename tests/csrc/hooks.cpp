@@ -333,7 +333,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   // This process's scheduling group as the host's table of torchrpc
   // processes knows it (claims this process's slot).
-  m.def("group_pids", [] { return wp::HostPollers::instance().groupPids(); });
+  m.def("group_pids", [] {
+    std::vector<int32_t> pids;
+    for (const auto& process : wp::HostPollers::instance().group()) pids.push_back(process.pid);
+    return pids;
+  });
   m.def("group_key_of", [](const std::string& cgroupPath, const std::string& autogroupPath) {
     return wp::HostPollers::groupKeyOf(cgroupPath.c_str(), autogroupPath.c_str());
   });

@@ -9,8 +9,10 @@ group's CPU; and processes started in this session and in a session of their
 own show which of them the table of torchrpc processes puts in this one's
 group."""
 
+import mmap
 import os
 import pathlib
+import struct
 import subprocess
 import sys
 import time
@@ -266,3 +268,42 @@ def test_group_holds_the_torchrpc_processes_of_this_session_only(own_session):
         child.kill()
         child.wait()
         child.stdout.close()
+
+
+def test_a_slot_whose_pid_names_a_later_process_is_freed():
+    """A torchrpc process killed without freeing its slot in the host's table
+    leaves its pid there, and the pid may later name another process. The
+    start time tells them apart: such a slot is not of the group (rule 0 would
+    count that process's CPU as the job's), and it is freed, with any polls
+    it had counted. The same slot with the process's real start time is."""
+    if not (os.path.exists("/proc/self/autogroup") and os.path.isdir("/dev/shm")):
+        pytest.skip("needs /proc and /dev/shm: without them there is no table")
+    assert os.getpid() in hooks().group_pids()  # this process has claimed its slot
+    path = f"/dev/shm/torchrpc-pollers-v3-{os.geteuid()}"
+    slot_size, pid_at, pollers_at, group_at, started_at = 64, 0, 4, 8, 16
+    other = subprocess.Popen(["sleep", "60"])  # in this session: of this process's group, by the key
+    try:
+        started = int(pathlib.Path(f"/proc/{other.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as table:
+            slots = range(0, len(table), slot_size)
+            mine = next(at for at in slots if struct.unpack_from("i", table, at + pid_at)[0] == os.getpid())
+            group = struct.unpack_from("Q", table, mine + group_at)[0]
+            free = next(at for at in slots if struct.unpack_from("i", table, at + pid_at)[0] == 0)
+
+            def plant(start_time):  # the slot as its claimant leaves it, the pid last
+                struct.pack_into("i", table, free + pollers_at, 3)
+                struct.pack_into("Q", table, free + group_at, group)
+                struct.pack_into("Q", table, free + started_at, start_time)
+                struct.pack_into("i", table, free + pid_at, other.pid)
+
+            try:
+                plant(started)
+                assert other.pid in hooks().group_pids()  # the claimant itself still runs
+                plant(started - 1)  # an earlier process of that pid
+                assert other.pid not in hooks().group_pids()
+                assert struct.unpack_from("i", table, free + pid_at)[0] == 0, "the dead claimant's slot was kept"
+            finally:
+                struct.pack_into("i", table, free + pid_at, 0)
+    finally:
+        other.kill()
+        other.wait()
