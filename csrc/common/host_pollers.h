@@ -10,13 +10,13 @@
 // Each process publishes its count in its own slot of a small table in shared
 // memory (/dev/shm/torchrpc-pollers-v3-<uid>, mode 0600): {pid, start time,
 // pollers, group}, one cache line each. A process claims a free slot, or one
-// whose process is gone, on first use and frees it at exit. A process that
-// died without freeing its slot (killed) leaves it to whoever takes its pid:
-// the start time tells them apart, and group() frees such a slot. Readers skip
-// dead pids and clamp every count, so a crashed process or a hostile table can skew the
-// policy only towards polling as it did before it measured. Without /dev/shm
-// (or if the file is not this user's own), only this process's pollers are
-// known, and its group is itself.
+// whose process is gone, on first use and frees it at exit. A process killed
+// before it could free its slot leaves its pid to whichever process gets it
+// next: the start time tells them apart, and group() frees such a slot.
+// Readers skip dead pids and clamp every count, so a crashed process or a
+// hostile table can skew the policy only towards polling as it did before it
+// measured. Without /dev/shm (or if the file is not this user's own), only
+// this process's pollers are known, and its group is itself.
 //
 // Thread-safe; begin() and end() are the hot path (one atomic add each). A child after fork()
 // starts with no pollers and claims its own slot.

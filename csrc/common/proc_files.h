@@ -1,8 +1,8 @@
 #pragma once
 
 // Reading the small /proc files that the wait policy samples
-// (common/wait_policy.h, common/host_pollers.h): with plain syscalls, no
-// allocation on the hot path, no exception.
+// (common/wait_policy.h, common/host_pollers.h): plain syscalls into
+// buffers on the stack, no exception.
 
 #include <sys/types.h>
 
