@@ -87,8 +87,6 @@ bool claimantRuns(const HostPollers::Slot& slot, int32_t pid, proc::ProcessStat*
   return true;
 }
 
-std::atomic<uint64_t> myStart{0};  // this process's start time, set when it claims its slot
-
 }  // namespace
 
 uint64_t HostPollers::groupKeyOf(const char* cgroupPath, const char* autogroupPath) {
@@ -127,17 +125,18 @@ HostPollers::Slot* HostPollers::claim() {
   myGroup.store(groupKeyOf("/proc/self/cgroup", "/proc/self/autogroup"));
   if (table_ == nullptr) return nullptr;
   const int32_t me = ::getpid();
-  proc::ProcessStat self;
-  if (proc::processStat(me, self)) myStart.store(self.started);
+  proc::ProcessStat self;  // its start time stays 0 if unreadable
+  proc::processStat(me, self);
   for (Slot& slot : table_->slots) {
     // A negative pid is a claim in progress (readers skip it); a slot that
-    // holds this process's pid is a dead process's: group() frees it.
+    // holds this process's pid is a dead process's: other processes'
+    // group() frees it.
     int32_t pid = slot.pid.load();
     if (pid == me || (pid > 0 && claimantRuns(slot, pid)) || (pid < 0 && pid != INT32_MIN && alive(-pid))) continue;
     if (!slot.pid.compare_exchange_strong(pid, -me)) continue;
     slot.pollers.store(0);
     slot.group.store(myGroup.load());
-    slot.started.store(myStart.load());
+    slot.started.store(self.started);
     slot.pid.store(me);  // published with its fields
     mySlot()->store(&slot);
     claimState.store(1);
