@@ -16,7 +16,7 @@ def plain(value):
 
 
 def _in_callback():
-    # On the callback thread a future's completion or callback is running, so
+    # On a callback thread a future's completion or callback is running, so
     # a future it waits for must be settled here: that thread would do it.
     return native().on_callback_thread()
 
@@ -70,9 +70,10 @@ class Invocation:
         # holds this call (and so its arguments, for a resend, and fut); the
         # future refers to the call weakly. A `pending` that will not run may
         # sit in its queue a while, and then holds nothing. A plain value
-        # completes fut natively instead, on the callback thread without the
-        # GIL, which empties `pending` later (Call.add_done_callback); the
-        # call's settle token decides between that and Python.
+        # completes fut natively instead, on a callback thread of its own,
+        # without the GIL, which empties `pending` later
+        # (Call.add_done_callback); the call's settle token decides between
+        # that and Python.
         pending = self._pending = _Pending((self,))
         self._future = fut
         fut._invocation = weakref.ref(self)
@@ -142,7 +143,7 @@ _future_init = torch._C.Future.__init__
 
 class InvocationFuture(torch.futures.Future):
     """rpc_async's future. A thread that waits for it settles it itself;
-    otherwise the torchrpc callback thread does. A waiter then needs no
+    otherwise a torchrpc callback thread does. A waiter then needs no
     hand-over from that thread (a wake-up and the GIL), so
     ``rpc_async(...).wait()`` costs about what rpc_sync does, also while
     that thread is busy. Once a callback has been added, only the callback

@@ -90,17 +90,30 @@ void Call::addDoneCallback(std::shared_ptr<pf::CallbackRunner> runner, py::objec
       if (references) runner->discard(std::move(references));
       letGoOf(s);
     } else if (s->target && !done.hasError() && !torchrpc::jit_ops::containsRRef(done.constValue())) {
-      auto task = [s = std::move(s), value = done.constValue()]() mutable {
+      // A future with Python callbacks is completed on the Python lane, under
+      // the GIL (Python cannot add more while they start); one whose first
+      // callback comes after this post is handed over to that lane.
+      const bool python = s->callbacks.load() != kNone;
+      std::weak_ptr<pf::CallbackRunner> lanes = runner;
+      auto task = [s = std::move(s), value = done.constValue(), python, lanes]() mutable {
         if (s->settled.exchange(true)) return;
         int state = kNone;
         if (s->callbacks.compare_exchange_strong(state, kCompleting)) {
           s->target->markCompleted(std::move(value));
-        } else {
-          pf::Gil gil;  // Python callbacks: Python cannot add more while they start
+          return;
+        }
+        auto complete = [s, value = std::move(value)]() mutable {
+          pf::Gil gil;
           s->target->markCompleted(std::move(value));
+        };
+        auto handOver = python ? nullptr : lanes.lock();
+        if (handOver) {
+          handOver->post(std::move(complete), nullptr, nullptr, true);
+        } else {
+          complete();
         }
       };
-      runner->post(std::move(task), std::move(callback), std::move(references));
+      runner->post(std::move(task), std::move(callback), std::move(references), python);
     } else {
       if (references) runner->discard(std::move(references));  // before the post: freed with its batch
       runner->post(std::move(callback));

@@ -2,7 +2,8 @@
 
 // Names the threads torchrpc creates, so `top -H`, `perf sched` and gdb show
 // their role ("rpc-io", "rpc-pool", "rpc-pool-watch", "rpc-callbacks",
-// "rpc-release", "rpc-timeouts", "rpc-drop") instead of "python".
+// "rpc-completions", "rpc-release", "rpc-timeouts", "rpc-drop") instead of
+// "python".
 
 #include <pthread.h>
 

@@ -4,11 +4,9 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
-#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <iterator>
-#include <optional>
 
 #include "common/intra_op.h"
 #include "common/spin.h"
@@ -25,11 +23,17 @@ thread_local bool onRunner = false;
 bool CallbackRunner::onRunnerThread() { return onRunner; }
 
 CallbackRunner::CallbackRunner() : state_(std::make_shared<State>()) {
-  thread_ = std::thread([state = state_] {
+  python_ = std::thread([state = state_] {
     onRunner = true;
     common::nameThisThread("rpc-callbacks");
     common::initIntraOpThreads();
-    run(state);
+    run(state, true);
+  });
+  native_ = std::thread([state = state_] {
+    onRunner = true;
+    common::nameThisThread("rpc-completions");
+    common::initIntraOpThreads();
+    run(state, false);
   });
   releaser_ = std::thread([state = state_] {
     common::nameThisThread("rpc-release");
@@ -38,36 +42,43 @@ CallbackRunner::CallbackRunner() : state_(std::make_shared<State>()) {
 }
 
 CallbackRunner::~CallbackRunner() {
-  if (!thread_.joinable()) return;
+  if (!python_.joinable()) return;
   if (PyGILState_Check()) {
-    py::gil_scoped_release release;  // the thread may be waiting for the GIL
+    py::gil_scoped_release release;  // the threads may be waiting for the GIL
     stop();
   } else {
     stop();
   }
+  if (python_.joinable()) {  // destroyed on a lane's own thread, which cannot join itself
+    python_.detach();
+    native_.detach();
+    releaser_.detach();
+  }
 }
 
-void CallbackRunner::post(std::shared_ptr<py::object> callback) { enqueue(Item{std::move(callback), {}, nullptr}); }
+void CallbackRunner::post(std::shared_ptr<py::object> callback) {
+  enqueue(state_->python, Item{std::move(callback), {}, nullptr});
+}
 
 void CallbackRunner::post(std::function<void()> task, std::shared_ptr<py::object> callback,
-                          std::shared_ptr<py::object> release) {
-  enqueue(Item{std::move(callback), std::move(task), std::move(release)});
+                          std::shared_ptr<py::object> release, bool python) {
+  enqueue(python ? state_->python : state_->native, Item{std::move(callback), std::move(task), std::move(release)});
 }
 
-void CallbackRunner::enqueue(Item item) {
+void CallbackRunner::enqueue(Lane& lane, Item item) {
   {
     std::unique_lock<std::mutex> lock(state_->mutex);
-    if (!state_->stopped) {
-      state_->queue.push_back(std::move(item));
-      state_->queued.store(state_->queue.size());
+    if (!lane.stopped) {
+      lane.queue.push_back(std::move(item));
+      lane.queued.store(lane.queue.size());
       // Notified after the unlock: a thread woken under the lock blocks on
       // it at once, and the unlock wakes it a second time.
       lock.unlock();
-      state_->cv.notify_one();
+      lane.cv.notify_one();
       return;
     }
   }
-  // Posted after stop(): there is no runner thread left (and no I/O thread
+  // Posted after stop(): there is no lane thread left (and no I/O thread
   // either), so run it here rather than lose a completion.
   if (item.task) {
     runNative(item);
@@ -81,11 +92,13 @@ void CallbackRunner::enqueue(Item item) {
 void CallbackRunner::discard(std::shared_ptr<py::object> callback) {
   {
     std::unique_lock<std::mutex> lock(state_->mutex);
-    if (!state_->stopped) {
+    if (state_->lanesRunning > 0) {
       state_->discarded.push_back(std::move(callback));
-      const bool full = state_->discarded.size() >= kDiscardBatch;
+      if (state_->discarded.size() < kDiscardBatch) return;
+      std::move(state_->discarded.begin(), state_->discarded.end(), std::back_inserter(state_->releasingCallbacks));
+      state_->discarded.clear();
       lock.unlock();
-      if (full) state_->cv.notify_one();  // after the unlock, as in enqueue()
+      state_->releaseCv.notify_one();  // after the unlock, as in enqueue()
       return;
     }
   }
@@ -115,10 +128,13 @@ void CallbackRunner::runNative(Item& item) {
   } catch (const std::exception& e) {
     std::cerr << "torchrpc: an rpc_async completion failed: " << e.what() << "\n";
   }
-  item.task = nullptr;
+  // The task is kept until releaseNative: what it captured (a value that a
+  // waiting thread settled first and Python then let go of, the last
+  // reference to a Python future) may take the GIL as it goes.
 }
 
 void CallbackRunner::releaseNative(Item& item) {
+  item.task = nullptr;
   if (item.release && PyList_Check(item.release->ptr())) {
     PyList_SetSlice(item.release->ptr(), 0, PY_SSIZE_T_MAX, nullptr);
   }
@@ -126,65 +142,63 @@ void CallbackRunner::releaseNative(Item& item) {
   item.callback.reset();
 }
 
-void CallbackRunner::run(const std::shared_ptr<State>& state) {
+void CallbackRunner::run(const std::shared_ptr<State>& state, bool python) {
+  Lane& lane = python ? state->python : state->native;
   common::AdaptiveSpin spin;
   std::vector<Item> ran;  // native completions whose Python references are still held
   while (true) {
-    spin.until([&] { return state->queued.load() > 0; });
+    spin.until([&] { return lane.queued.load() > 0; });
     std::deque<Item> batch;
     std::vector<std::shared_ptr<py::object>> discarded;
     bool exit = false;
     {
       std::unique_lock<std::mutex> lock(state->mutex);
-      state->cv.wait(lock, [&] {
-        return state->stopping || !state->queue.empty() || state->discarded.size() >= kDiscardBatch;
-      });
+      lane.cv.wait(lock, [&] { return state->stopping || !lane.queue.empty(); });
       spin.done();
-      batch.swap(state->queue);
-      state->queued.store(0);
-      // Discarded callbacks are freed under the GIL: with a batch that takes
-      // it anyway, or by the release thread once kDiscardBatch have piled up,
-      // or at the end.
-      bool python = std::any_of(batch.begin(), batch.end(), [](const Item& i) { return !i.task; });
-      if (python || state->stopping || state->discarded.size() >= kDiscardBatch) discarded.swap(state->discarded);
-      // Stopping, nothing left to run: from now on post() and discard() run inline.
-      exit = state->stopped = batch.empty() && state->stopping;
+      batch.swap(lane.queue);
+      lane.queued.store(0);
+      // Discarded callbacks go with a Python batch, under the GIL it takes anyway.
+      if (python && !batch.empty()) discarded.swap(state->discarded);
+      // Stopping, nothing left to run: from now on post() runs this lane's items inline.
+      exit = lane.stopped = batch.empty() && state->stopping;
     }
-    // The GIL from the first Python completion to the batch's end (runOne's
-    // acquire nests); a batch of native ones takes none.
-    std::optional<Gil> gil;
-    for (auto& item : batch) {
-      if (item.task) {
+    if (python && !batch.empty()) {
+      Gil gil;  // once for the batch (runOne's and the tasks' own acquires nest)
+      for (auto& item : batch) {
+        if (item.task) {
+          runNative(item);
+          releaseNative(item);
+        } else {
+          runOne(item.callback);
+        }
+      }
+      discarded.clear();
+    }
+    if (!python) {
+      for (auto& item : batch) {
         runNative(item);
         ran.push_back(std::move(item));
-      } else {
-        if (!gil) gil.emplace();
-        runOne(item.callback);
       }
-    }
-    // Native completions drop their references once nothing is queued (their
-    // arguments, say, should not outlive the burst of calls): here, with the
-    // GIL taken anyway, or else on the release thread, so that the next
-    // completion does not wait for the GIL behind them.
-    bool idle = state->queued.load() == 0;
-    if (gil) {
-      for (auto& item : ran) releaseNative(item);
-      ran.clear();
-      discarded.clear();
-    } else if ((!ran.empty() && (idle || exit || ran.size() >= kDiscardBatch)) || !discarded.empty()) {
-      {
-        std::lock_guard<std::mutex> lock(state->mutex);
-        std::move(ran.begin(), ran.end(), std::back_inserter(state->releasing));
-        std::move(discarded.begin(), discarded.end(), std::back_inserter(state->releasingCallbacks));
+      // Their references go once nothing is queued (their arguments, say,
+      // should not outlive the burst of calls), on the release thread, so
+      // that the next completion does not wait for the GIL behind them.
+      const bool idle = lane.queued.load() == 0;
+      if (!ran.empty() && (idle || exit || ran.size() >= kDiscardBatch)) {
+        {
+          std::lock_guard<std::mutex> lock(state->mutex);
+          std::move(ran.begin(), ran.end(), std::back_inserter(state->releasing));
+        }
+        state->releaseCv.notify_one();  // after the unlock, as in enqueue()
+        ran.clear();
       }
-      state->releaseCv.notify_one();  // after the unlock, as in enqueue()
-      ran.clear();
-      discarded.clear();
     }
     if (exit) {
       std::lock_guard<std::mutex> lock(state->mutex);
-      state->handedOver = true;  // the release thread drains and exits
-      state->releaseCv.notify_one();
+      if (--state->lanesRunning == 0) {  // the release thread drains what is left and exits
+        std::move(state->discarded.begin(), state->discarded.end(), std::back_inserter(state->releasingCallbacks));
+        state->discarded.clear();
+        state->releaseCv.notify_one();
+      }
       state->exited.notify_all();
       return;
     }
@@ -199,11 +213,11 @@ void CallbackRunner::release(const std::shared_ptr<State>& state) {
     {
       std::unique_lock<std::mutex> lock(state->mutex);
       state->releaseCv.wait(lock, [&] {
-        return state->handedOver || !state->releasing.empty() || !state->releasingCallbacks.empty();
+        return state->lanesRunning == 0 || !state->releasing.empty() || !state->releasingCallbacks.empty();
       });
       items.swap(state->releasing);
       callbacks.swap(state->releasingCallbacks);
-      exit = state->handedOver;
+      exit = state->lanesRunning == 0;
     }
     if (!items.empty() || !callbacks.empty()) {
       Gil gil;
@@ -220,22 +234,26 @@ void CallbackRunner::release(const std::shared_ptr<State>& state) {
 }
 
 bool CallbackRunner::stop(double timeoutSeconds) {
-  if (!thread_.joinable()) return true;
+  if (!python_.joinable()) return true;
   std::unique_lock<std::mutex> lock(state_->mutex);
   state_->stopping = true;
-  state_->cv.notify_one();
-  if (thread_.get_id() == std::this_thread::get_id()) return true;  // a callback shutting down
+  state_->python.cv.notify_one();
+  state_->native.cv.notify_one();
+  const auto self = std::this_thread::get_id();
+  if (python_.get_id() == self || native_.get_id() == self) return true;  // a callback shutting down
   bool done = state_->exited.wait_for(lock, std::chrono::duration<double>(timeoutSeconds),
-                                      [&] { return state_->stopped && state_->released; });
+                                      [&] { return state_->lanesRunning == 0 && state_->released; });
   lock.unlock();
   if (done) {
-    thread_.join();
+    python_.join();
+    native_.join();
     releaser_.join();
     return true;
   }
   std::cerr << "torchrpc: rpc_async completion callbacks were still running " << timeoutSeconds
             << " s after shutdown began (a callback that does not return?); leaving them\n";
-  thread_.detach();
+  python_.detach();
+  native_.detach();
   releaser_.detach();
   return false;
 }

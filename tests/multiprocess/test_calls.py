@@ -216,7 +216,8 @@ def test_many_threads_share_the_agent():
 
 def test_threads_say_their_role():
     names = rpc.rpc_sync("worker1", funcs.thread_names)
-    assert {"rpc-io", "rpc-pool", "rpc-pool-watch", "rpc-callbacks", "rpc-release", "rpc-timeouts"} <= names, names
+    assert {"rpc-io", "rpc-pool", "rpc-pool-watch", "rpc-callbacks", "rpc-completions", "rpc-release",
+            "rpc-timeouts"} <= names, names
 
 
 def test_back_to_back_calls_reuse_one_warm_pool_thread():
@@ -410,6 +411,47 @@ def test_a_native_completion_does_not_wait_for_the_gil_to_drop_an_earlier_calls_
     assert later.done(), "the later future was not complete 0.9 s after its response arrived while Python held the GIL"
     assert torch.equal(first[0].wait(), torch.full((2,), 2.0))
     assert torch.equal(later.wait(), torch.full((16,), 20000.0))
+
+
+def test_a_native_completion_does_not_wait_behind_a_python_completion_that_waits_for_the_gil():
+    # A Python function's result is completed under the GIL, which this
+    # thread holds; a script result answered after it completes meanwhile.
+    python = []
+
+    def start():
+        python.append(rpc.rpc_async("worker2", funcs.sleep, args=(0.0,)))
+        return rpc.rpc_async("worker1", funcs.busy, args=(20000,))
+
+    later = _issued_while_this_thread_holds_the_gil(start)
+    assert later.done(), "the script result waited 0.9 s behind a Python completion while Python held the GIL"
+    assert python[0].wait() == 0.0
+    assert torch.equal(later.wait(), torch.full((16,), 20000.0))
+
+
+def test_a_native_completion_does_not_wait_for_the_gil_to_drop_a_value_python_took_and_let_go_of():
+    # The response lands before the future exists, so its completion is
+    # queued when the future is made; this thread settles the future first,
+    # takes the value and lets go of it. The queued completion then holds the
+    # value's last reference, which takes the GIL to drop: not on the thread
+    # that completes the next call's future.
+    from torchrpc import dispatch
+
+    for _ in range(3):
+        pending = [dispatch.invoke("rpc_async", "worker1", torch.add, (torch.ones(2), 1))]
+        deadline = time.monotonic() + 10
+        while not pending[0].call.done() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.01)  # the completing thread stops polling and sleeps
+
+        def start():
+            fut = pending.pop().future()
+            assert torch.equal(fut.wait(), torch.full((2,), 2.0))
+            del fut
+            return rpc.rpc_async("worker2", funcs.busy, args=(20000,))
+
+        later = _issued_while_this_thread_holds_the_gil(start)
+        assert later.done(), "the later future was not complete 0.9 s after its response arrived while Python held the GIL"
+        assert torch.equal(later.wait(), torch.full((16,), 20000.0))
 
 
 def test_a_future_completed_without_python_lets_go_of_the_call_arguments():
