@@ -88,11 +88,12 @@ struct Call {
   // without, returns once it has (the callback then runs at once, in order).
   void callbacksComing() const;
 
-  // fn() runs on the runner's thread, under the GIL, once the call is done,
-  // unless a waiting thread claimed the call first (claimAndWait). With a
-  // `target` (a torch.futures.Future, or None), a value that needs no
-  // conversion (no RRef in it) completes target there without the GIL
-  // instead, unless a thread took the settling over first (takeSettle); the
+  // fn() runs on the runner's Python lane, under the GIL, once the call is
+  // done, unless a waiting thread claimed the call first (claimAndWait).
+  // With a `target` (a torch.futures.Future, or None), a value that needs no
+  // conversion (no RRef in it) completes target on the native lane without
+  // the GIL instead (on the Python lane, under it, once target has Python
+  // callbacks), unless a thread took the settling over first (takeSettle); the
   // list `release` is then emptied later, under the GIL (what fn would have
   // dropped). `callbacksAdded`: target has Python callbacks already.
   void addDoneCallback(std::shared_ptr<pf::CallbackRunner> runner, py::object fn, const py::object& target,
