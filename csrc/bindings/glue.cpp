@@ -94,8 +94,8 @@ void Call::addDoneCallback(std::shared_ptr<pf::CallbackRunner> runner, py::objec
       // the GIL (Python cannot add more while they start); one whose first
       // callback comes after this post is handed over to that lane.
       const bool python = s->callbacks.load() != kNone;
-      std::weak_ptr<pf::CallbackRunner> lanes = runner;
-      auto task = [s = std::move(s), value = done.constValue(), python, lanes]() mutable {
+      auto task = [s = std::move(s), value = done.constValue(), python,
+                   lanes = std::weak_ptr<pf::CallbackRunner>(runner)]() mutable {
         if (s->settled.exchange(true)) return;
         int state = kNone;
         if (s->callbacks.compare_exchange_strong(state, kCompleting)) {

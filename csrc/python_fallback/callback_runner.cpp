@@ -162,19 +162,20 @@ void CallbackRunner::run(const std::shared_ptr<State>& state, bool python) {
       // Stopping, nothing left to run: from now on post() runs this lane's items inline.
       exit = lane.stopped = batch.empty() && state->stopping;
     }
-    if (python && !batch.empty()) {
-      Gil gil;  // once for the batch (runOne's and the tasks' own acquires nest)
-      for (auto& item : batch) {
-        if (item.task) {
-          runNative(item);
-          releaseNative(item);
-        } else {
-          runOne(item.callback);
+    if (python) {
+      if (!batch.empty()) {
+        Gil gil;  // once for the batch (runOne's and the tasks' own acquires nest)
+        for (auto& item : batch) {
+          if (item.task) {
+            runNative(item);
+            releaseNative(item);
+          } else {
+            runOne(item.callback);
+          }
         }
+        discarded.clear();
       }
-      discarded.clear();
-    }
-    if (!python) {
+    } else {
       for (auto& item : batch) {
         runNative(item);
         ran.push_back(std::move(item));
