@@ -62,3 +62,13 @@ def test_training_steps_reports_each_step_of_both_iterations():
         for step in steps:
             assert f" {step} " in rows[label], rows[label]
         assert "(sum " in rows[label] and " 0 µs)" not in rows[label], rows[label]
+
+
+@pytest.mark.timeout(120)
+def test_call_segments_reports_each_step_of_a_call():
+    out = run(["benchmarks/call_segments.py", "--calls", "300", "--warmup", "100"], timeout=110)
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  ")}
+    for step in ("issue", "callee", "complete", "total"):
+        assert step in rows and float(rows[step][1]) > 0, out
+    assert rows["callee"][-1] == "rpc-pool" and "to" in rows, out  # the callee's pool ran the call
+    assert "caller's waiting thread woken:" in out, out

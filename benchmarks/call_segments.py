@@ -1,0 +1,179 @@
+"""Where a tiny ``rpc_sync``'s time goes, step by step, without changing the
+product: ``python benchmarks/call_segments.py [--api torchrpc|backend]
+[--kind script|builtin|python]``.
+
+Two worker processes run with an LD_PRELOAD shim (call_segments_shim.c,
+built here with gcc) that timestamps the syscalls marking each step: the
+caller's and callee's ``sendmsg`` of a frame, their first ``read`` of one,
+and the wake-ups between threads. The caller times each ``rpc_sync`` on the
+same clock. Printed: the median of each segment and which thread did its
+step, and how often a step had to wake a sleeping thread (where a poll did
+not catch it). TensorPipe sends with other calls, so only torchrpc's API and
+the TORCHRPC backend are covered. Linux only; the shim slows each marked
+syscall by well under a microsecond.
+"""
+
+import argparse
+import bisect
+import collections
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import launch  # noqa: E402
+
+SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "call_segments_shim.c")
+SEND, READ, SIGNAL, WOKE, EPOLL = 1, 2, 3, 4, 5  # the shim's event kinds
+CALLEE, CALLER = "callee", "caller"
+
+
+def _worker(args):
+    """One of the two processes: rank 0 serves, rank 1 times the calls."""
+    import torch  # noqa: F401  (before the backend: the workers' import order)
+
+    from benchmarks import backends, scenarios
+
+    backend = backends.load(args.api if args.api == "backend" else "torchrpc")
+    rpc = backend.rpc
+    name = CALLER if args.rank == 1 else CALLEE
+    rpc.init_rpc(name, rank=args.rank, world_size=2, **backend.init_kwargs(args.port, 16, 60))
+    if args.rank == 1:
+        fn, fn_args = scenarios.LATENCY_CALLS[args.kind]
+        for _ in range(args.warmup):
+            rpc.rpc_sync(CALLEE, fn, args=fn_args)
+        calls = []
+        for _ in range(args.calls):
+            start = time.monotonic_ns()
+            rpc.rpc_sync(CALLEE, fn, args=fn_args)
+            calls.append((start, time.monotonic_ns()))
+        with open(os.path.join(args.dir, "calls.json"), "w") as f:
+            json.dump({"pid": os.getpid(), "calls": calls}, f)
+    threads = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                threads[int(tid)] = f.read().strip()
+        except OSError:
+            pass  # the thread ended
+    with open(os.path.join(args.dir, f"threads.{os.getpid()}.json"), "w") as f:
+        json.dump(threads, f)
+    rpc.shutdown()
+
+
+def _run(args, folder):
+    """Builds the shim, runs the two workers under it; returns their events."""
+    shim = os.path.join(folder, "shim.so")
+    built = subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", shim, SHIM, "-ldl"], capture_output=True, text=True)
+    if built.returncode != 0:
+        sys.exit(f"call_segments: building the shim with gcc failed:\n{built.stderr}")
+    env = dict(os.environ, LD_PRELOAD=shim, SEGMENTS_OUT=os.path.join(folder, "events"))
+    port = launch.free_port()
+    procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.call_segments", "--worker", str(rank),
+                               "--port", str(port), "--dir", folder, "--api", args.api, "--kind", args.kind,
+                               "--calls", str(args.calls), "--warmup", str(args.warmup)],
+                              cwd=launch.ROOT, env=env)
+             for rank in (0, 1)]
+    try:
+        deadline = time.monotonic() + 300
+        for proc in procs:
+            if proc.wait(timeout=max(1, deadline - time.monotonic())) != 0:
+                sys.exit(f"call_segments: a worker exited with {proc.returncode}")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    with open(os.path.join(folder, "calls.json")) as f:
+        calls = json.load(f)
+    threads, events = {}, {}
+    for path in glob.glob(os.path.join(folder, "threads.*.json")):
+        with open(path) as f:
+            threads[int(path.split(".")[-2])] = {int(k): v for k, v in json.load(f).items()}
+    for path in glob.glob(os.path.join(folder, "events.*")):
+        with open(path) as f:
+            events[int(path.rsplit(".", 1)[1])] = [tuple(map(int, line.split())) for line in f]
+    return calls, threads, events
+
+
+def segments(calls, threads, events):
+    """Each call's steps, matched by time: the caller's first send after it
+    began, the callee's first read after that, its first send after that
+    read, and the caller's first read after that send (before the call
+    returned). Returns one dict per call whose steps all matched."""
+    caller = calls["pid"]
+    callee = next(pid for pid in events if pid != caller)
+
+    def series(pid, kind):  # sorted (time, thread name)
+        return sorted((ns, threads.get(pid, {}).get(tid, "?")) for ns, tid, k in events[pid] if k == kind)
+
+    def first(s, lo, hi):
+        i = bisect.bisect_left(s, (lo, ""))
+        return s[i] if i < len(s) and s[i][0] <= hi else None
+
+    sends, reads = {p: series(p, SEND) for p in (caller, callee)}, {p: series(p, READ) for p in (caller, callee)}
+    pool_woke = [e for e in series(callee, WOKE) if e[1] == "rpc-pool"]
+    waiter_woke = [e for e in series(caller, WOKE) if e[1] == "python"]
+    io_woke = [e for e in series(callee, EPOLL) if e[1] == "rpc-io"]
+    out = []
+    for start, end in calls["calls"][len(calls["calls"]) // 10:]:  # the first tenth: still settling
+        a = first(sends[caller], start, end)
+        b = a and first(reads[callee], a[0], end)
+        c = b and first(sends[callee], b[0], end)
+        d = c and first(reads[caller], c[0], end)
+        if not d:
+            continue
+        out.append({
+            "issue": (a[0] - start, a[1]), "to callee": (b[0] - a[0], b[1]), "callee": (c[0] - b[0], c[1]),
+            "to caller": (d[0] - c[0], d[1]), "complete": (end - d[0], "python"), "total": (end - start, ""),
+            "callee I/O thread slept": first(io_woke, a[0], b[0]) is not None,
+            "callee pool thread woken": first(pool_woke, b[0], c[0]) is not None,
+            "caller's waiting thread woken": first(waiter_woke, d[0], end) is not None,
+        })
+    return out
+
+
+STEPS = {"issue": "rpc_sync entered -> request sent", "to callee": "request sent -> callee read it",
+         "callee": "callee read it -> response sent", "to caller": "response sent -> caller read it",
+         "complete": "caller read it -> rpc_sync returned", "total": ""}
+
+
+def report(rows, args):
+    print(f"{args.api}, rpc_sync of a tiny {args.kind} call: {len(rows)} calls matched; median µs")
+    for step, what in STEPS.items():
+        who = collections.Counter(r[step][1] for r in rows).most_common(1)[0][0]
+        median = statistics.median(r[step][0] for r in rows) / 1000
+        print(f"  {step:<10} {median:7.1f}  {what:<38} {who}")
+    flags = ("callee I/O thread slept", "callee pool thread woken", "caller's waiting thread woken")
+    print("share of calls where the", "; ".join(f"{flag}: {sum(r[flag] for r in rows) / len(rows):.0%}"
+                                             for flag in flags))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--api", choices=("torchrpc", "backend"), default="torchrpc")
+    parser.add_argument("--kind", choices=("script", "builtin", "python"), default="script")
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--warmup", type=int, default=500)
+    parser.add_argument("--worker", type=int, dest="rank", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--dir", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.rank is not None:
+        _worker(args)
+        return
+    with tempfile.TemporaryDirectory(prefix="call-segments-") as folder:
+        rows = segments(*_run(args, folder))
+    if not rows:
+        sys.exit("call_segments: no call's steps could be matched")
+    report(rows, args)
+
+
+if __name__ == "__main__":
+    main()
