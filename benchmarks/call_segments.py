@@ -31,7 +31,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 from benchmarks import launch  # noqa: E402
 
 SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "call_segments_shim.c")
-SEND, READ, SIGNAL, WOKE, EPOLL = 1, 2, 3, 4, 5  # the shim's event kinds
+SEND, READ, WOKE, EPOLL = 1, 2, 3, 4  # the shim's event kinds
 CALLEE, CALLER = "callee", "caller"
 
 
@@ -108,10 +108,10 @@ def segments(calls, threads, events):
     read, and the caller's first read after that send (before the call
     returned). Returns one dict per call whose steps all matched."""
     caller = calls["pid"]
-    callee = next(pid for pid in events if pid != caller)
+    callee = next(pid for pid in threads if pid != caller)  # the workers; not a child they started
 
-    def series(pid, kind):  # sorted (time, thread name)
-        return sorted((ns, threads.get(pid, {}).get(tid, "?")) for ns, tid, k in events[pid] if k == kind)
+    def series(pid, kind, tid=None):  # sorted (time, thread name); `tid`: that thread's only
+        return sorted((ns, threads[pid].get(t, "?")) for ns, t, k in events[pid] if k == kind and tid in (None, t))
 
     def first(s, lo, hi):
         i = bisect.bisect_left(s, (lo, ""))
@@ -119,7 +119,7 @@ def segments(calls, threads, events):
 
     sends, reads = {p: series(p, SEND) for p in (caller, callee)}, {p: series(p, READ) for p in (caller, callee)}
     pool_woke = [e for e in series(callee, WOKE) if e[1] == "rpc-pool"]
-    waiter_woke = [e for e in series(caller, WOKE) if e[1] == "python"]
+    waiter_woke = series(caller, WOKE, tid=caller)  # the caller's main thread, which calls rpc_sync
     io_woke = [e for e in series(callee, EPOLL) if e[1] == "rpc-io"]
     out = []
     for start, end in calls["calls"][len(calls["calls"]) // 10:]:  # the first tenth: still settling
@@ -131,7 +131,7 @@ def segments(calls, threads, events):
             continue
         out.append({
             "issue": (a[0] - start, a[1]), "to callee": (b[0] - a[0], b[1]), "callee": (c[0] - b[0], c[1]),
-            "to caller": (d[0] - c[0], d[1]), "complete": (end - d[0], "python"), "total": (end - start, ""),
+            "to caller": (d[0] - c[0], d[1]), "complete": (end - d[0], threads[caller].get(caller, "?")), "total": (end - start, ""),
             "callee I/O thread slept": first(io_woke, a[0], b[0]) is not None,
             "callee pool thread woken": first(pool_woke, b[0], c[0]) is not None,
             "caller's waiting thread woken": first(waiter_woke, d[0], end) is not None,
@@ -139,8 +139,8 @@ def segments(calls, threads, events):
     return out
 
 
-STEPS = {"issue": "rpc_sync entered -> request sent", "to callee": "request sent -> callee read it",
-         "callee": "callee read it -> response sent", "to caller": "response sent -> caller read it",
+STEPS = {"issue": "rpc_sync entered -> request's send", "to callee": "request's send -> callee read it",
+         "callee": "callee read it -> response's send", "to caller": "response's send -> caller read it",
          "complete": "caller read it -> rpc_sync returned", "total": ""}
 
 

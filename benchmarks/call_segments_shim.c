@@ -1,11 +1,10 @@
 // LD_PRELOAD shim of benchmarks/call_segments.py: timestamps (CLOCK_MONOTONIC,
 // the clock of Python's time.monotonic_ns) of the syscalls that mark a call's
 // steps, by thread, kept in memory and written to $SEGMENTS_OUT.<pid> at exit:
-//   1 sendmsg that sent bytes (torchrpc's transport sends frames with it)
+//   1 sendmsg that sent bytes (torchrpc's transport sends frames with it), as it began
 //   2 read of a socket that returned bytes
-//   3 pthread_cond_signal (a thread hands work to a sleeping one)
-//   4 return from pthread_cond_wait (a sleeping thread woke)
-//   5 return from a blocking epoll_wait with events (an I/O thread woke)
+//   3 return from pthread_cond_wait (a sleeping thread woke)
+//   4 return from a blocking epoll_wait with events (an I/O thread woke)
 // Without $SEGMENTS_OUT it records nothing.
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -37,14 +36,20 @@ static int on(void) {
   return enabled;
 }
 
-static void record(int kind) {
-  if (!on()) return;
-  if (!thisTid) thisTid = (int)syscall(SYS_gettid);
-  long i = atomic_fetch_add(&used, 1);
-  if (i >= CAPACITY) return;
+static long long now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
-  events[i] = (Event){t.tv_sec * 1000000000LL + t.tv_nsec, thisTid, kind};
+  return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static void recordAt(long long ns, int kind) {
+  if (!thisTid) thisTid = (int)syscall(SYS_gettid);
+  long i = atomic_fetch_add(&used, 1);
+  if (i < CAPACITY) events[i] = (Event){ns, thisTid, kind};
+}
+
+static void record(int kind) {
+  if (on()) recordAt(now(), kind);
 }
 
 // The next definition of `name` (libc's), looked up once; versioned where
@@ -57,8 +62,10 @@ static void record(int kind) {
 
 ssize_t sendmsg(int fd, const struct msghdr* m, int flags) {
   REAL(sendmsg, NEXT(sendmsg));
+  // Stamped as it starts: the peer, woken by it, may read the bytes before it returns.
+  const long long start = on() ? now() : 0;
   ssize_t r = real_sendmsg(fd, m, flags);
-  if (r > 0) record(1);
+  if (r > 0 && start) recordAt(start, 1);
   return r;
 }
 
@@ -70,23 +77,17 @@ ssize_t read(int fd, void* buf, size_t n) {
   return r;
 }
 
-int pthread_cond_signal(pthread_cond_t* c) {
-  REAL(pthread_cond_signal, NEXT_V(pthread_cond_signal));
-  record(3);
-  return real_pthread_cond_signal(c);
-}
-
 int pthread_cond_wait(pthread_cond_t* c, pthread_mutex_t* m) {
   REAL(pthread_cond_wait, NEXT_V(pthread_cond_wait));
   int r = real_pthread_cond_wait(c, m);
-  record(4);
+  record(3);
   return r;
 }
 
 int epoll_wait(int fd, struct epoll_event* ev, int n, int timeout) {
   REAL(epoll_wait, NEXT(epoll_wait));
   int r = real_epoll_wait(fd, ev, n, timeout);
-  if (r > 0 && timeout != 0) record(5);
+  if (r > 0 && timeout != 0) record(4);
   return r;
 }
 
