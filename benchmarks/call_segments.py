@@ -37,8 +37,6 @@ CALLEE, CALLER = "callee", "caller"
 
 def _worker(args):
     """One of the two processes: rank 0 serves, rank 1 times the calls."""
-    import torch  # noqa: F401  (before the backend: the workers' import order)
-
     from benchmarks import backends, scenarios
 
     backend = backends.load(args.api if args.api == "backend" else "torchrpc")
@@ -83,9 +81,14 @@ def _run(args, folder):
              for rank in (0, 1)]
     try:
         deadline = time.monotonic() + 90  # before the smoke test gives up (110 s), so the workers are killed
-        for proc in procs:
-            if proc.wait(timeout=max(1, deadline - time.monotonic())) != 0:
-                sys.exit(f"call_segments: a worker exited with {proc.returncode}")
+        for rank, proc in enumerate(procs):
+            role = f"worker {rank} ({CALLER if rank == 1 else CALLEE}, {args.api})"
+            try:
+                code = proc.wait(timeout=max(1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                sys.exit(f"call_segments: {role} still running after 90 s; killed (its output is above)")
+            if code != 0:
+                sys.exit(f"call_segments: {role} exited with {code} (its output is above)")
     finally:
         for proc in procs:
             if proc.poll() is None:
