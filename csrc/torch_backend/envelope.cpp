@@ -18,8 +18,10 @@ c10::intrusive_ptr<upstream::Message> unwrap(const char* data, size_t size, std:
   std::memcpy(&type, data, kTypeBytes);
   for (size_t i = 0; i < tensors.size(); ++i) {
     // A call to oneself skips the wire and hands over the caller's tensors:
-    // the callee's autograd must not attach to the caller's graph.
-    tensors[i] = tensors[i].detach();
+    // the callee must not attach to the caller's graph nor change the
+    // caller's tensor. One read off the wire has no history and is held here
+    // only, so it needs no detach (a dispatched op).
+    if (tensors[i].use_count() > 1 || tensors[i].requires_grad()) tensors[i] = tensors[i].detach();
     const char flag = data[kTypeBytes + i];
     TORCH_CHECK(flag == 0 || flag == 1, "malformed TORCH_", request ? "REQUEST" : "RESPONSE",
                 " frame: requires-grad flag ", static_cast<int>(flag), " of tensor ", i);

@@ -4,6 +4,7 @@
 #include <torch/csrc/distributed/rpc/utils.h>
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -184,16 +185,19 @@ void TorchAgent::callDone() {
 }
 
 void TorchAgent::serve(message::Message&& request, message::Reply reply) {
-  // The pool thread gets its thread-local state back afterwards. Upstream's
-  // profiled request (RUN_WITH_PROFILING_REQ) leaves its profiler callback
-  // on the thread when the call completes at once; pool threads are reused
-  // (the hot one especially), so each later request would record every op
-  // once more, and no caller could read its events.
-  at::ThreadLocalStateGuard isolated{at::ThreadLocalState()};
   if (python_.onPoolThread) python_.onPoolThread();
   const uint64_t id = request.id;
   c10::intrusive_ptr<upstream::Message> m = unwrapRequest(std::move(request));  // a throw: the agent answers it
   m->setId(static_cast<int64_t>(id));
+  // A profiled request (RUN_WITH_PROFILING_REQ, always the outermost
+  // wrapper) leaves its profiler callback on the thread when the call
+  // completes at once; pool threads are reused (the hot one especially), so
+  // each later request would record every op once more, and no caller could
+  // read its events. The thread gets its state back afterwards. Every other
+  // request restores what it sets (upstream's guards): saving the whole
+  // state for those cost about a tenth of a tiny call.
+  std::optional<at::ThreadLocalStateGuard> isolated;
+  if (m->type() == upstream::MessageType::RUN_WITH_PROFILING_REQ) isolated.emplace(at::ThreadLocalState());
   auto stats = serverStats_;  // a late callback may outlive this agent
   ++stats->calls;
   c10::intrusive_ptr<upstream::JitFuture> result;
