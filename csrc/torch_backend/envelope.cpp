@@ -9,19 +9,20 @@ namespace {
 
 constexpr size_t kTypeBytes = sizeof(int32_t);
 
+// `owners`: how many references the frame itself holds to each tensor.
 c10::intrusive_ptr<upstream::Message> unwrap(const char* data, size_t size, std::vector<at::Tensor>&& tensors,
-                                             bool request) {
+                                             bool request, long owners) {
   const size_t header = kTypeBytes + tensors.size();
   TORCH_CHECK(size >= header, "malformed TORCH_", request ? "REQUEST" : "RESPONSE", " frame: ", size,
               " payload bytes, fewer than the ", header, " of its header (message type, a flag per tensor)");
   int32_t type = 0;
   std::memcpy(&type, data, kTypeBytes);
   for (size_t i = 0; i < tensors.size(); ++i) {
-    // A call to oneself skips the wire and hands over the caller's tensors:
-    // the callee must not attach to the caller's graph nor change the
-    // caller's tensor. One read off the wire has no history and is held here
-    // only, so it needs no detach (a dispatched op).
-    if (tensors[i].use_count() > 1 || tensors[i].requires_grad()) tensors[i] = tensors[i].detach();
+    // A call to oneself may hand over the sender's tensors: the receiver
+    // must not attach to the sender's graph nor change the sender's tensor.
+    // One read off the wire has no history and only the frame holds it, so
+    // it needs no detach (a dispatched op).
+    if (tensors[i].use_count() > owners || tensors[i].requires_grad()) tensors[i] = tensors[i].detach();
     const char flag = data[kTypeBytes + i];
     TORCH_CHECK(flag == 0 || flag == 1, "malformed TORCH_", request ? "REQUEST" : "RESPONSE",
                 " frame: requires-grad flag ", static_cast<int>(flag), " of tensor ", i);
@@ -61,7 +62,7 @@ message::Message wrap(message::MessageType type, upstream::Message& m, uint64_t 
 }
 
 c10::intrusive_ptr<upstream::Message> unwrapRequest(message::Message&& frame) {
-  return unwrap(frame.payload.data(), frame.payload.size(), std::move(frame.tensors), /*request=*/true);
+  return unwrap(frame.payload.data(), frame.payload.size(), std::move(frame.tensors), /*request=*/true, /*owners=*/1);
 }
 
 c10::intrusive_ptr<upstream::Message> unwrapResponse(const c10::IValue& raw) {
@@ -72,7 +73,7 @@ c10::intrusive_ptr<upstream::Message> unwrapResponse(const c10::IValue& raw) {
   std::vector<at::Tensor> tensors;
   for (const at::Tensor& t : parts[1].toTensorList()) tensors.push_back(t);
   return unwrap(static_cast<const char*>(bytes.const_data_ptr()), static_cast<size_t>(bytes.numel()),
-                std::move(tensors), /*request=*/false);
+                std::move(tensors), /*request=*/false, /*owners=*/2);  // `raw`'s list, and this copy
 }
 
 std::string upstreamTypeName(upstream::MessageType type) {
