@@ -147,6 +147,17 @@ def test_a_call_to_self_works_on_copies():
         assert out.data_ptr() != x.data_ptr()
 
 
+def test_requires_grad_flags_changed_in_a_call_to_self_stay_on_that_side():
+    # Tensors that arrive carry the sender's flag (as TensorPipe's pickled
+    # ones), but the receiver's changes to them reach neither side's own.
+    x = torch.ones(3, requires_grad=True)
+    kept, arg_flag = rpc.rpc_sync("worker0", F.stop_grad_and_return_kept, args=(x,))
+    assert arg_flag is False and x.requires_grad
+    assert kept.requires_grad
+    kept.requires_grad_(False)
+    assert rpc.rpc_sync("worker0", F.kept_requires_grad)
+
+
 def test_distributed_autograd_backward():
     t1 = torch.rand(3, 3, requires_grad=True)
     t2 = torch.rand(3, 3, requires_grad=True)

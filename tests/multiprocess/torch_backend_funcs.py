@@ -72,6 +72,20 @@ def add_one_in_place(x):
     return x.add_(1)
 
 
+KEPT = torch.ones(2, requires_grad=True)  # a tensor the callee keeps (a parameter, say)
+
+
+def stop_grad_and_return_kept(x):
+    """Changes its argument's requires-grad flag; returns this worker's KEPT
+    and whether its own argument still requires grad."""
+    x.requires_grad_(False)
+    return KEPT, x.requires_grad
+
+
+def kept_requires_grad():
+    return KEPT.requires_grad
+
+
 @torch.jit.script
 def script_caller(dst: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """TorchScript's own rpc_async (the compiler's special form), calling script_add."""
