@@ -11,7 +11,7 @@ constexpr size_t kTypeBytes = sizeof(int32_t);
 
 // `owners`: how many references the frame itself holds to each tensor.
 c10::intrusive_ptr<upstream::Message> unwrap(const char* data, size_t size, std::vector<at::Tensor>&& tensors,
-                                             bool request, long owners) {
+                                             bool request, size_t owners) {
   const size_t header = kTypeBytes + tensors.size();
   TORCH_CHECK(size >= header, "malformed TORCH_", request ? "REQUEST" : "RESPONSE", " frame: ", size,
               " payload bytes, fewer than the ", header, " of its header (message type, a flag per tensor)");
