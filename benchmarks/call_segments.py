@@ -33,6 +33,8 @@ from benchmarks import launch  # noqa: E402
 SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "call_segments_shim.c")
 SEND, READ, WOKE, EPOLL = 1, 2, 3, 4  # the shim's event kinds
 CALLEE, CALLER = "callee", "caller"
+ROLES = (CALLEE, CALLER)  # by rank
+WORKER_DEADLINE_S = 90  # before the smoke test gives up (110 s), so the workers are killed
 
 
 def _worker(args):
@@ -41,7 +43,7 @@ def _worker(args):
 
     backend = backends.load(args.api if args.api == "backend" else "torchrpc")
     rpc = backend.rpc
-    name = CALLER if args.rank == 1 else CALLEE
+    name = ROLES[args.rank]
     rpc.init_rpc(name, rank=args.rank, world_size=2, **backend.init_kwargs(args.port, 16, 60))
     if args.rank == 1:
         fn, fn_args = scenarios.LATENCY_CALLS[args.kind]
@@ -80,13 +82,13 @@ def _run(args, folder):
                               cwd=launch.ROOT, env=env)
              for rank in (0, 1)]
     try:
-        deadline = time.monotonic() + 90  # before the smoke test gives up (110 s), so the workers are killed
+        deadline = time.monotonic() + WORKER_DEADLINE_S
         for rank, proc in enumerate(procs):
-            role = f"worker {rank} ({CALLER if rank == 1 else CALLEE}, {args.api})"
+            role = f"worker {rank} ({ROLES[rank]}, {args.api})"
             try:
                 code = proc.wait(timeout=max(1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                sys.exit(f"call_segments: {role} still running after 90 s; killed (its output is above)")
+                sys.exit(f"call_segments: {role} still running after {WORKER_DEADLINE_S} s; killed (its output is above)")
             if code != 0:
                 sys.exit(f"call_segments: {role} exited with {code} (its output is above)")
     finally:
