@@ -230,6 +230,23 @@ def aggregate_init(rank_results):
     return out
 
 
+def median_of_rounds(rounds):
+    """One job's results over rounds (each a job's result dict) as one: each
+    number the median over the rounds that have it, lists item by item, and
+    anything else as the first round gave it."""
+    first = rounds[0]
+    if isinstance(first, bool) or not isinstance(first, (int, float, dict, list)):
+        return first
+    if isinstance(first, (int, float)):
+        numbers = [r for r in rounds if isinstance(r, (int, float)) and not isinstance(r, bool)]
+        return statistics.median(numbers)
+    if isinstance(first, dict):
+        return {key: median_of_rounds([r[key] for r in rounds if isinstance(r, dict) and key in r])
+                for key in first}
+    same = [r for r in rounds if isinstance(r, list) and len(r) == len(first)]
+    return [median_of_rounds(list(items)) for items in zip(*same)]
+
+
 def build(results, floor):
     """Table rows as dicts: key, label, unit, target, subject (whose target),
     and under "modes", per launch mode, {"torch", "status"} and, for each

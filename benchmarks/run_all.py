@@ -29,6 +29,14 @@ program on torchrpc's TORCHRPC backend (``backend``: issue #23):
   CPU-bound program's scaling, the first call's costs. Its programs are
   compiled once per run, before the jobs (benchmarks.exported_fns).
 
+With ``--rounds N`` each job runs N times, the backends taking turns round
+by round, and each number is the median over the rounds: the VM's speed
+flips by up to 2x for seconds at a time with nothing else running
+(benchmarks/HISTORY.md, 2026-11-30), so one backend measured in a slow
+stretch and the next in a fast one would read a ratio the code did not
+cause. Before each job a reference loop in this process (the speed probe)
+times the machine; the report gives each backend's range.
+
 Then it prints the table, the two modes side by side (with the targets,
 PASS/MISS), and writes ``results.json``, ``results.md`` and ``ratios.png``
 into the out dir. A job that fails or hangs is reported (with its log tail)
@@ -40,6 +48,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -97,6 +106,18 @@ JOBS = [("main", "main", 2), ("scaling", "scaling", 3), ("training", "training",
 RESULT_RANK = {"beside": 2}
 
 
+def speed_probe(seconds=0.2):
+    """Median ms of a fixed pure-Python loop over `seconds`: the VM's speed
+    at this moment (about 1.0 fast, 1.8 slow on the development VM)."""
+    samples = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        start = time.perf_counter()
+        sum(i * i for i in range(20000))
+        samples.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(samples)
+
+
 def socket_floor(cfg):
     """Runs benchmarks.socket_floor in a child process; returns its summary."""
     proc = subprocess.run([sys.executable, "-m", "benchmarks.socket_floor", "--n", str(cfg["floor_round_trips"])],
@@ -117,16 +138,19 @@ def _floor(cfg, errors):
     return floor
 
 
-def run_backends(names, modes, cfg, torch_transports, errors):
-    """Runs every job in every launch mode on every backend; returns
-    results[mode][backend][result key]."""
+def run_backends(names, modes, cfg, torch_transports, errors, rounds=1, probes=None):
+    """Runs every job in every launch mode on every backend, `rounds` times
+    with the backends taking turns; returns results[mode][backend][result
+    key] (medians over the rounds). `probes` ({"mode/backend/job": [ms]})
+    gets the speed probe taken before each job."""
     import torch.distributed as dist
 
     control = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                             timeout=datetime.timedelta(seconds=cfg["job_timeout_s"]))
     results = {mode: {name: {} for name in names} for mode in modes}
     with tempfile.TemporaryDirectory(prefix="torchrpc-bench-exported-") as folder:
-        _run_jobs(names, modes, cfg, torch_transports, errors, control, results, folder)
+        _run_jobs(names, modes, cfg, torch_transports, errors, control, results, folder, rounds,
+                  {} if probes is None else probes)
     return results
 
 
@@ -148,7 +172,7 @@ def _prepare_exported(folder, errors):
     return prepared
 
 
-def _run_jobs(names, modes, cfg, torch_transports, errors, control, results, folder):
+def _run_jobs(names, modes, cfg, torch_transports, errors, control, results, folder, rounds, probes):
     for key, job, world in JOBS:
         if key not in cfg["jobs"]:
             continue
@@ -159,25 +183,57 @@ def _run_jobs(names, modes, cfg, torch_transports, errors, control, results, fol
             if cfg["exported"] is None:
                 continue
         for mode in modes:
-            for name in [n for n in names if backends.runs(n, key)]:
-                reps = cfg["init_reps"] if job == "init" else 1
-                start = time.monotonic()
-                print(f"  {launch.MODE_LABELS[mode]:<17} {backends.LABELS[name]:<22} {key:<8} "
-                      f"({world} processes) ...", end="", flush=True)
-                try:
-                    ranks = launch.run_job(job, name, world, control.port, cfg, cfg["job_timeout_s"],
-                                           ports=[launch.free_port() for _ in range(reps)],
-                                           torch_transports=torch_transports, mode=mode)
-                except launch.JobFailed as err:
-                    print(" FAILED")
-                    errors[f"{mode}/{name}/{key}"] = str(err)
-                    print(f"    {err}".replace("\n", "\n    "), file=sys.stderr)
-                    continue
-                print(f" {time.monotonic() - start:.1f} s")
-                results[mode][name][key] = (report.aggregate_init(ranks) if job == "init"
-                                            else ranks[RESULT_RANK.get(job, 1)])
-                if key == "exported":  # compiled once per run, shown in every mode
-                    results[mode][name][key]["compile"] = cfg["exported"]
+            runs = {name: [] for name in names if backends.runs(name, key)}
+            for rnd in range(rounds):
+                for name in runs:
+                    if f"{mode}/{name}/{key}" in errors:
+                        continue  # failed in an earlier round
+                    ranks = _run_one(key, job, world, mode, name, cfg, torch_transports, errors, control,
+                                     probes.setdefault(f"{mode}/{name}/{key}", []),
+                                     f" round {rnd + 1}/{rounds}" if rounds > 1 else "")
+                    if ranks is not None:
+                        runs[name].append(report.aggregate_init(ranks) if job == "init"
+                                          else ranks[RESULT_RANK.get(job, 1)])
+            for name, got in runs.items():
+                if got:
+                    results[mode][name][key] = report.median_of_rounds(got)
+                    if key == "exported":  # compiled once per run, shown in every mode
+                        results[mode][name][key]["compile"] = cfg["exported"]
+
+
+def _run_one(key, job, world, mode, name, cfg, torch_transports, errors, control, probes, label):
+    """One job on one backend in one mode, after a speed probe (appended to
+    `probes`); its ranks' results, or None (and an error) if it failed."""
+    reps = cfg["init_reps"] if job == "init" else 1
+    probes.append(speed_probe())
+    start = time.monotonic()
+    print(f"  {launch.MODE_LABELS[mode]:<17} {backends.LABELS[name]:<22} {key:<8} "
+          f"({world} processes{label}) ...", end="", flush=True)
+    try:
+        ranks = launch.run_job(job, name, world, control.port, cfg, cfg["job_timeout_s"],
+                               ports=[launch.free_port() for _ in range(reps)],
+                               torch_transports=torch_transports, mode=mode)
+    except launch.JobFailed as err:
+        print(" FAILED")
+        errors[f"{mode}/{name}/{key}"] = str(err)
+        print(f"    {err}".replace("\n", "\n    "), file=sys.stderr)
+        return None
+    print(f" {time.monotonic() - start:.1f} s (speed probe {probes[-1]:.2f} ms)")
+    return ranks
+
+
+def speed_summary(probes, names, rounds):
+    """A sentence for the report: each backend's range of speed probes."""
+    ranges = []
+    for name in names:
+        values = [v for where, got in probes.items() if where.split("/")[1] == name for v in got]
+        if values:
+            ranges.append(f"{backends.LABELS[name]} {min(values):.2f}-{max(values):.2f}")
+    if not ranges:
+        return ""
+    how = f"medians of {rounds} rounds, backends taking turns; " if rounds > 1 else ""
+    return (f" {how}Speed probe before each job (ms of a reference loop; the VM's speed, lower is faster): "
+            + ", ".join(ranges) + ".")
 
 
 def metadata(cfg_name, torch_transports):
@@ -207,6 +263,8 @@ def main(argv=None):
                         help="comma-separated launch modes: " + ", ".join(launch.MODES))
     parser.add_argument("--jobs", default=None,
                         help="comma-separated subset of the config's jobs (e.g. training)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run each job this many times, the backends taking turns; report medians")
     parser.add_argument("--torch-transports", default=None,
                         help="TensorPipe transports for torch.distributed.rpc, e.g. 'uv' (default: its own choice)")
     args = parser.parse_args(argv)
@@ -224,13 +282,17 @@ def main(argv=None):
           f"load average {load[0]:.2f} (numbers are noisy when other work runs)")
     errors = {}
     floors = [_floor(cfg, errors)]
-    results = run_backends(names, modes, cfg, transports, errors)
+    probes = {}
+    results = run_backends(names, modes, cfg, transports, errors, max(1, args.rounds), probes)
     floors.append(_floor(cfg, errors))
     floor = min((f for f in floors if f), key=lambda f: f["median"], default=None)
     if floor:
         floor["medians_of_runs"] = [f["median"] for f in floors if f]
     meta = metadata(cfg_name, transports)
     meta["modes"] = modes
+    meta["rounds"] = max(1, args.rounds)
+    meta["speed_probes_ms"] = probes
+    meta["summary"] += speed_summary(probes, names, meta["rounds"])
     meta["wall_s"] = time.monotonic() - started
     meta["load_average_start"], meta["load_average_end"] = load, os.getloadavg()
     meta["summary"] += (f" Load average (1 min): {load[0]:.2f} at the start, "

@@ -26,6 +26,11 @@ def _quick_run(out, jobs, modes):
         data = json.load(f)
     assert set(data["raw"]) == set(modes.split(",")), data["raw"].keys()
     assert not data["errors"], data["errors"]
+    # The machine's speed was probed before every job that ran.
+    probed = {where for where, ms in data["meta"]["speed_probes_ms"].items() if len(ms) == 1 and ms[0] > 0}
+    ran = {f"{mode}/{name}/{job}" for mode, by_name in data["raw"].items() for name, jobs in by_name.items()
+           for job in jobs}
+    assert probed == ran, (probed, ran)
     return data
 
 
@@ -40,6 +45,18 @@ def test_benchmarks_quick(tmp_path):
     assert set(data["raw"]["separate"]["torchrpc"]) == {"main", "beside"}, data["raw"]
     data = _quick_run(tmp_path / "both", "compute", "one,separate")
     assert all(set(data["raw"][mode]["torch"]) == {"compute"} for mode in ("one", "separate")), data["raw"]
+
+
+def test_rounds_are_merged_into_medians():
+    from benchmarks import report
+
+    rounds = [{"latency": {"script": {"median": 120.0, "n": 200}}, "sizes": [1, 2], "label": "a"},
+              {"latency": {"script": {"median": 80.0, "n": 200}}, "sizes": [3, 4], "label": "b"},
+              {"latency": {"script": {"median": 95.0, "n": 200}}, "sizes": [2, 9]}]
+    assert report.median_of_rounds(rounds) == {
+        "latency": {"script": {"median": 95.0, "n": 200}}, "sizes": [2, 4], "label": "a"}
+    # A key that a round lacks (a scenario that failed there) is the median of the others.
+    assert report.median_of_rounds([{"a": 1.0, "b": 5.0}, {"a": 3.0}]) == {"a": 2.0, "b": 5.0}
 
 
 @pytest.mark.timeout(120)
