@@ -60,7 +60,8 @@ def _kill(proc):
         pass
 
 
-def run_job(job, backend, world_size, control_port, cfg, timeout, ports=None, torch_transports=None, mode="one"):
+def run_job(job, backend, world_size, control_port, cfg, timeout, ports=None, torch_transports=None, mode="one",
+            round_index=0):
     """Runs benchmark job `job` on `backend` with `world_size` worker processes.
 
     Args:
@@ -73,6 +74,8 @@ def run_job(job, backend, world_size, control_port, cfg, timeout, ports=None, to
         ports (list of int): rendezvous ports, one per init_rpc (default: one fresh port).
         torch_transports (list of str): TensorPipe transports, None for its default.
         mode (str): launch mode, a key of MODES.
+        round_index (int): which run of this job on this backend in this mode
+            (run_all --rounds): each has its own keys in the control store.
 
     Returns:
         list: each rank's result dict, by rank.
@@ -84,7 +87,7 @@ def run_job(job, backend, world_size, control_port, cfg, timeout, ports=None, to
         spec = {
             "job": job, "backend": backend, "world_size": world_size,
             "ports": ports or [free_port()], "control_port": control_port,
-            "prefix": f"{mode}/{backend}/{job}/{world_size}", "timeout": timeout, "cfg": cfg,
+            "prefix": f"{mode}/{backend}/{job}/{world_size}/{round_index}", "timeout": timeout, "cfg": cfg,
             "torch_transports": torch_transports, "out_dir": tmp,
         }
         spec_path = os.path.join(tmp, "spec.json")

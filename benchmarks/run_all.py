@@ -189,8 +189,7 @@ def _run_jobs(names, modes, cfg, torch_transports, errors, control, results, fol
                     if f"{mode}/{name}/{key}" in errors:
                         continue  # failed in an earlier round
                     ranks = _run_one(key, job, world, mode, name, cfg, torch_transports, errors, control,
-                                     probes.setdefault(f"{mode}/{name}/{key}", []),
-                                     f" round {rnd + 1}/{rounds}" if rounds > 1 else "")
+                                     probes.setdefault(f"{mode}/{name}/{key}", []), rnd, rounds)
                     if ranks is not None:
                         runs[name].append(report.aggregate_init(ranks) if job == "init"
                                           else ranks[RESULT_RANK.get(job, 1)])
@@ -201,18 +200,20 @@ def _run_jobs(names, modes, cfg, torch_transports, errors, control, results, fol
                         results[mode][name][key]["compile"] = cfg["exported"]
 
 
-def _run_one(key, job, world, mode, name, cfg, torch_transports, errors, control, probes, label):
-    """One job on one backend in one mode, after a speed probe (appended to
-    `probes`); its ranks' results, or None (and an error) if it failed."""
+def _run_one(key, job, world, mode, name, cfg, torch_transports, errors, control, probes, rnd, rounds):
+    """Round `rnd` of one job on one backend in one mode, after a speed probe
+    (appended to `probes`); its ranks' results, or None (and an error) if it
+    failed."""
     reps = cfg["init_reps"] if job == "init" else 1
     probes.append(speed_probe())
     start = time.monotonic()
+    label = f" round {rnd + 1}/{rounds}" if rounds > 1 else ""
     print(f"  {launch.MODE_LABELS[mode]:<17} {backends.LABELS[name]:<22} {key:<8} "
           f"({world} processes{label}) ...", end="", flush=True)
     try:
         ranks = launch.run_job(job, name, world, control.port, cfg, cfg["job_timeout_s"],
                                ports=[launch.free_port() for _ in range(reps)],
-                               torch_transports=torch_transports, mode=mode)
+                               torch_transports=torch_transports, mode=mode, round_index=rnd)
     except launch.JobFailed as err:
         print(" FAILED")
         errors[f"{mode}/{name}/{key}"] = str(err)

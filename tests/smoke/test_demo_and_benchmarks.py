@@ -47,6 +47,21 @@ def test_benchmarks_quick(tmp_path):
     assert all(set(data["raw"][mode]["torch"]) == {"compute"} for mode in ("one", "separate")), data["raw"]
 
 
+@pytest.mark.timeout(150)
+def test_rounds_take_turns_and_keep_their_own_control_keys(tmp_path):
+    # The loop beside workers reads the workers' pids from the control
+    # store: a second round that found the first round's pids failed.
+    out = run(["benchmarks/run_all.py", "--quick", "--jobs", "beside", "--modes", "one", "--backends", "torchrpc",
+               "--rounds", "2", "--out", str(tmp_path)], timeout=140)
+    assert "round 2/2" in out, out
+    with open(tmp_path / "results.json") as f:
+        data = json.load(f)
+    assert not data["errors"], data["errors"]
+    assert data["meta"]["rounds"] == 2
+    assert len(data["meta"]["speed_probes_ms"]["one/torchrpc/beside"]) == 2
+    assert data["raw"]["one"]["torchrpc"]["beside"]["beside"]["idle"], data["raw"]
+
+
 def test_rounds_are_merged_into_medians():
     from benchmarks import report
 
