@@ -186,10 +186,11 @@ def _run_jobs(names, modes, cfg, torch_transports, errors, control, results, fol
             runs = {name: [] for name in names if backends.runs(name, key)}
             for rnd in range(rounds):
                 for name in runs:
-                    if f"{mode}/{name}/{key}" in errors:
+                    where = f"{mode}/{name}/{key}"  # names the job in errors and probes
+                    if where in errors:
                         continue  # failed in an earlier round
-                    ranks = _run_one(key, job, world, mode, name, cfg, torch_transports, errors, control,
-                                     probes.setdefault(f"{mode}/{name}/{key}", []), rnd, rounds)
+                    ranks = _run_one(key, job, world, mode, name, cfg, torch_transports, errors, where, control,
+                                     probes.setdefault(where, []), rnd, rounds)
                     if ranks is not None:
                         runs[name].append(report.aggregate_init(ranks) if job == "init"
                                           else ranks[RESULT_RANK.get(job, 1)])
@@ -200,10 +201,10 @@ def _run_jobs(names, modes, cfg, torch_transports, errors, control, results, fol
                         results[mode][name][key]["compile"] = cfg["exported"]
 
 
-def _run_one(key, job, world, mode, name, cfg, torch_transports, errors, control, probes, rnd, rounds):
+def _run_one(key, job, world, mode, name, cfg, torch_transports, errors, where, control, probes, rnd, rounds):
     """Round `rnd` of one job on one backend in one mode, after a speed probe
-    (appended to `probes`); its ranks' results, or None (and an error) if it
-    failed."""
+    (appended to `probes`); its ranks' results, or None (and errors[where])
+    if it failed."""
     reps = cfg["init_reps"] if job == "init" else 1
     probes.append(speed_probe())
     start = time.monotonic()
@@ -216,7 +217,7 @@ def _run_one(key, job, world, mode, name, cfg, torch_transports, errors, control
                                torch_transports=torch_transports, mode=mode, round_index=rnd)
     except launch.JobFailed as err:
         print(" FAILED")
-        errors[f"{mode}/{name}/{key}"] = str(err)
+        errors[where] = str(err)
         print(f"    {err}".replace("\n", "\n    "), file=sys.stderr)
         return None
     print(f" {time.monotonic() - start:.1f} s (speed probe {probes[-1]:.2f} ms)")
@@ -269,6 +270,8 @@ def main(argv=None):
     parser.add_argument("--torch-transports", default=None,
                         help="TensorPipe transports for torch.distributed.rpc, e.g. 'uv' (default: its own choice)")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: give 1 or more")
     names = [n for n in backends.NAMES if n in args.backends.split(",")]
     modes = [m for m in launch.MODES if m in args.modes.split(",")]
     transports = args.torch_transports.split(",") if args.torch_transports else None
@@ -284,14 +287,14 @@ def main(argv=None):
     errors = {}
     floors = [_floor(cfg, errors)]
     probes = {}
-    results = run_backends(names, modes, cfg, transports, errors, max(1, args.rounds), probes)
+    results = run_backends(names, modes, cfg, transports, errors, args.rounds, probes)
     floors.append(_floor(cfg, errors))
     floor = min((f for f in floors if f), key=lambda f: f["median"], default=None)
     if floor:
         floor["medians_of_runs"] = [f["median"] for f in floors if f]
     meta = metadata(cfg_name, transports)
     meta["modes"] = modes
-    meta["rounds"] = max(1, args.rounds)
+    meta["rounds"] = args.rounds
     meta["speed_probes_ms"] = probes
     meta["summary"] += speed_summary(probes, names, meta["rounds"])
     meta["wall_s"] = time.monotonic() - started
