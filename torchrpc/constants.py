@@ -8,8 +8,10 @@ DEFAULT_NUM_WORKER_THREADS = 16
 DEFAULT_INIT_METHOD = "env://"
 #: Seconds init_rpc waits for the whole job to join the rendezvous.
 DEFAULT_INIT_TIMEOUT_SEC = 300.0
-#: Seconds shutdown(graceful=True) waits for other workers and pending calls.
-DEFAULT_SHUTDOWN_TIMEOUT_SEC = 60.0
+#: Seconds shutdown(graceful=True) waits for this worker's calls and the other
+#: workers; 0, as upstream: no limit (a parameter server waits there while
+#: its trainers train; a worker that died is not waited for).
+DEFAULT_SHUTDOWN_TIMEOUT_SEC = 0.0
 #: Upstream's sentinel: "use the default timeout".
 UNSET_RPC_TIMEOUT = -1.0
 #: Worker names: letters, digits, '_' and '-', fewer than this many characters.

@@ -104,8 +104,12 @@ def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):
             waits for its own calls only, then leaves the job: the others
             drop it). If False, stop at once; pending calls fail with
             ShutdownError.
-        timeout (float): seconds the graceful wait may take (default 60); the
-            agent then stops regardless and the error names what was missing.
+        timeout (float): seconds the graceful wait may take; the agent then
+            stops regardless and the error names what was missing. ``0``
+            (default, as torch.distributed.rpc): no limit on the wait for this
+            worker's calls and for the others to reach shutdown, however long
+            they work (a worker that died is not waited for); the steps
+            after they met take at most the RPC timeout.
 
     Raises:
         RpcTimeoutError: the graceful wait took longer than `timeout`.
@@ -122,7 +126,9 @@ def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT_SEC):
     try:
         failure, leaked = session.worker.stop(graceful, timeout)
     finally:
-        session.callbacks.stop(timeout)  # runs the completions of the calls shutdown failed
+        # Runs the completions of the calls shutdown failed; bounded as the
+        # native steps after the meeting when shutdown has no limit.
+        session.callbacks.stop(timeout if timeout > 0 else session.options.rpc_timeout or 60.0)
         native().reap_thread_states()  # the Python thread states of the threads that stopped
         python_fallback.forget_sent()
         shipped_code.forget()

@@ -156,10 +156,18 @@ PYBIND11_MODULE(_C, m) {
       // (None or the error tuple of why the graceful part failed, leaked owner RRefs)
       .def("stop", [](torchrpc::worker::Worker& w, bool graceful, double timeout) {
         torchrpc::worker::Worker::StopReport report;
+        bool interrupted = false;
         {
           py::gil_scoped_release nogil;
-          report = w.stop(graceful, timeout);
+          // A signal's Python handler runs between the polls of the meeting:
+          // Ctrl-C (KeyboardInterrupt) ends it, raised once the worker stopped.
+          report = w.stop(graceful, timeout, [&interrupted] {
+            py::gil_scoped_acquire gil;
+            interrupted = interrupted || PyErr_CheckSignals() != 0;
+            return interrupted;
+          });
         }
+        if (interrupted) throw py::error_already_set();
         py::object failure = report.failure ? py::object(errorTuple(report.failure)) : py::none();
         return py::make_tuple(failure, py::cast(report.leaked));
       });

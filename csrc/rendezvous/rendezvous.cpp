@@ -260,9 +260,10 @@ void Rendezvous::waitForAll(const std::string& tag, const std::string& prefix,
 }
 
 std::set<int> Rendezvous::barrier(const std::string& tag, double timeoutSeconds, const std::function<bool(int)>& gone) {
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(timeoutSeconds));
+  const auto deadline = timeoutSeconds <= 0 ? std::chrono::steady_clock::time_point::max()
+                                             : std::chrono::steady_clock::now() +
+                                                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                       std::chrono::duration<double>(timeoutSeconds));
   store_->set(tag + "/arrived/" + std::to_string(rank_), bytesOf("1"));
   std::set<int> goneRanks;
   waitForAll(tag, tag + "/arrived/", deadline, gone, &goneRanks);

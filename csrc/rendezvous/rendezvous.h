@@ -59,7 +59,7 @@ class Rendezvous {
   // the store for the others, who may not know. Rank 0 (which may host the
   // store) also waits until everyone else has left it. Returns the ranks
   // that were gone instead of arriving. Throws on timeout, naming the ranks
-  // still missing.
+  // still missing; `timeoutSeconds` <= 0 waits without a limit.
   std::set<int> barrier(const std::string& tag, double timeoutSeconds, const std::function<bool(int)>& gone = {});
   // barrier() that also adds up `value` over the workers that arrived (an
   // all-reduce of one count: the TORCHRPC backend's join counts calls in

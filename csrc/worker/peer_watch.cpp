@@ -29,10 +29,12 @@ bool PeerWatch::gone(int rank) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (dead_.count(rank)) return true;
-    if (!lost_.count(rank)) return false;
   }
+  // An open connection answers at once; without one (lost, never opened, or
+  // closed after the peer's goodbye) this dials it.
   if (agent_->reachable(rank, kProbeSeconds)) return false;
   std::lock_guard<std::mutex> lock(mutex_);
+  lost_.emplace(rank, "it cannot be reached: it exited, or stopped its worker, without meeting the others");
   dead_.insert(rank);
   return true;
 }

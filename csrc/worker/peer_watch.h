@@ -15,7 +15,10 @@
 //     reachable:   forgotten (it lives, or came back)
 //
 // Graceful shutdown asks gone() without waiting for the grace: a dead worker
-// never reaches the shutdown barrier, and waiting for it would only time out.
+// never reaches the shutdown barrier, and waiting for it would only time out
+// (or never end: shutdown's default has no limit). gone() also dials a peer
+// it has no open connection to, so a worker that exited or stopped (after its
+// goodbye) is found even by a worker that never talked to it.
 //
 // Threads: the agent's callback runs on the loop thread and only schedules;
 // probes and releases run on the timer thread; gone() on the caller's (not
@@ -41,8 +44,8 @@ class PeerWatch : public std::enable_shared_from_this<PeerWatch> {
   // Subscribes to the agent's peer losses; call before it serves.
   static std::shared_ptr<PeerWatch> create(std::shared_ptr<agent::Agent> agent, OnGone onGone = {});
 
-  // Whether `rank` was lost and cannot be reached now (probes once; a dead
-  // peer stays dead).
+  // Whether `rank` cannot be reached now: no open connection, and dialing it
+  // fails (a dead peer stays dead).
   bool gone(int rank);
   // The ranks found gone so far, with why their connection closed.
   std::map<int, std::string> goneRanks() const;

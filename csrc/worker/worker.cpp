@@ -107,39 +107,62 @@ double secondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+struct Interrupted {};  // stop()'s `interrupted` said so: the meeting ends here
+
 }  // namespace
 
-std::exception_ptr Worker::leaveGracefully(double timeoutSeconds,
+double Worker::stepSeconds() const {
+  const double rpc = agent_->options().defaultTimeoutSeconds;
+  return rpc > 0 ? rpc : 60.0;
+}
+
+std::exception_ptr Worker::leaveGracefully(double timeoutSeconds, const std::function<bool()>& interrupted,
                                            std::vector<rref::OwnerTable::EntryInfo>* leaked) {
   const std::string& me = agent_->options().name;
-  const std::string limit = std::to_string(timeoutSeconds) + " s";
+  // Without a limit (<= 0) only the waits for this worker's calls and for the
+  // others to arrive are unbounded; the steps after the meeting are not.
+  const bool limited = timeoutSeconds > 0;
+  const double steps = limited ? timeoutSeconds : stepSeconds();
+  const std::string limit = std::to_string(steps) + " s";
   if (size_t left = agent_->waitPending(timeoutSeconds)) {
     return common::makeRpcError(common::ErrorKind::kTimeout, "shutdown on " + me + ": " + std::to_string(left) +
                                                  " call(s) still pending after " + limit);
   }
-  const auto started = std::chrono::steady_clock::now();
+  // The meeting under way, when it began and what it may take (<= 0: no limit).
+  auto phaseStart = std::chrono::steady_clock::now();
+  double phaseSeconds = timeoutSeconds;
   std::exception_ptr failure;
   std::set<int> dead;  // workers the meetings went on without
   try {
     // A dead worker never arrives: the meetings skip the ones known gone.
-    auto gone = [watch = peerWatch_](int rank) { return watch->gone(rank); };
+    auto gone = [watch = peerWatch_, &interrupted](int rank) {
+      if (interrupted && interrupted()) throw Interrupted{};
+      return watch->gone(rank);
+    };
     dead = rendezvous_->barrier("shutdown", timeoutSeconds, gone);
+    if (!limited) phaseStart = std::chrono::steady_clock::now();  // the steps' time counts from the meeting
     // No grace at shutdown: the RRef forks a dead worker held are released now.
     for (int rank : dead) rrefs_->releasePeer(rank);
     // Everyone is done calling: release this worker's user RRefs.
-    failure = releaseRRefs(started + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                         std::chrono::duration<double>(timeoutSeconds)),
+    failure = releaseRRefs(phaseStart + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                            std::chrono::duration<double>(steps)),
                            limit);
-    auto late = rendezvous_->barrier("rref-shutdown", timeoutSeconds, gone);
+    phaseStart = std::chrono::steady_clock::now();
+    phaseSeconds = steps;
+    auto late = rendezvous_->barrier("rref-shutdown", steps, gone);
     dead.insert(late.begin(), late.end());
     leakedOwners(leaked);
     if (agent_->options().rank == 0) rendezvous_->releaseKind();  // everyone left the store
+  } catch (const Interrupted&) {
+    return common::makeRpcError(common::ErrorKind::kShutdown,
+                                "shutdown on " + me + ": interrupted while waiting for the other workers; stopped "
+                                "without them (their calls to " + me + " fail)");
   } catch (...) {
-    // The meeting of all workers failed: a timeout, or the store gone (its
-    // host exited) well before it.
-    const double waited = secondsSince(started);
+    // A meeting failed: its timeout, or the store gone (its host exited)
+    // well before it.
+    const double waited = secondsSince(phaseStart);
     const std::string why = common::errorParts(std::current_exception()).message;
-    if (waited < 0.9 * timeoutSeconds) {
+    if (phaseSeconds <= 0 || waited < 0.9 * phaseSeconds) {
       return common::makeRpcError(
           common::ErrorKind::kPeerUnreachable,
           "shutdown on " + me + ": the rendezvous store stopped answering after " + std::to_string(waited) + " s (" +
@@ -147,8 +170,8 @@ std::exception_ptr Worker::leaveGracefully(double timeoutSeconds,
               ") hosts it, and it has probably exited without shutdown(); the other workers cannot meet. Shut "
               "them down with shutdown(graceful=False).");
     }
-    return common::makeRpcError(common::ErrorKind::kTimeout,
-                        "shutdown on " + me + ": not every worker reached shutdown within " + limit + " (" + why + ")");
+    return common::makeRpcError(common::ErrorKind::kTimeout, "shutdown on " + me + ": not every worker reached shutdown within " +
+                                                                 std::to_string(phaseSeconds) + " s (" + why + ")");
   }
   if (failure) return failure;
   return deadPeersFailure(dead);
@@ -196,13 +219,17 @@ void Worker::leakedOwners(std::vector<rref::OwnerTable::EntryInfo>* leaked) cons
 
 std::exception_ptr Worker::leaveDynamic(double timeoutSeconds, std::vector<rref::OwnerTable::EntryInfo>* leaked) {
   const std::string& me = agent_->options().name;
-  const std::string limit = std::to_string(timeoutSeconds) + " s";
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                                                std::chrono::duration<double>(timeoutSeconds));
+  const bool limited = timeoutSeconds > 0;  // as leaveGracefully's
+  const double steps = limited ? timeoutSeconds : stepSeconds();
+  const std::string limit = std::to_string(steps) + " s";
+  const auto started = std::chrono::steady_clock::now();
   if (size_t left = agent_->waitPending(timeoutSeconds)) {
     return common::makeRpcError(common::ErrorKind::kTimeout, "shutdown on " + me + ": " + std::to_string(left) +
                                                                  " call(s) still pending after " + limit);
   }
+  const auto deadline = (limited ? started : std::chrono::steady_clock::now()) +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(steps));
   std::exception_ptr failure = releaseRRefs(deadline, limit);
   leakedOwners(leaked);
   try {
@@ -217,20 +244,21 @@ std::exception_ptr Worker::leaveDynamic(double timeoutSeconds, std::vector<rref:
   }
 }
 
-Worker::StopReport Worker::stop(bool graceful, double timeoutSeconds) {
+Worker::StopReport Worker::stop(bool graceful, double timeoutSeconds, const std::function<bool()>& interrupted) {
   TORCH_CHECK(!stopped_, "this worker was stopped already");
   stopped_ = true;
   StopReport report;
   if (graceful) {
     const auto started = std::chrono::steady_clock::now();
     report.failure = membership_ ? leaveDynamic(timeoutSeconds, &report.leaked)
-                                 : leaveGracefully(timeoutSeconds, &report.leaked);
+                                 : leaveGracefully(timeoutSeconds, interrupted, &report.leaked);
     // What peers asked of this worker is answered before its GOODBYE closes
     // the connections: a dynamic job's members may call it until it left
     // (the last call may be the one that asked it to stop).
-    if (size_t unanswered = agent_->quiesce(timeoutSeconds - secondsSince(started))) {
+    const double left = timeoutSeconds > 0 ? timeoutSeconds - secondsSince(started) : stepSeconds();
+    if (size_t unanswered = agent_->quiesce(left)) {
       TORCHRPC_WARN(agent_->options().name, "shutdown: " << unanswered << " request(s) from other workers still "
-                                                         << "unanswered after " << timeoutSeconds
+                                                         << "unanswered after " << (timeoutSeconds > 0 ? timeoutSeconds : left)
                                                          << " s; their callers get an error naming this worker");
     }
   }

@@ -26,6 +26,10 @@
 // (PeerWatch::gone) is not waited for at either meeting; the shutdown then
 // finishes and reports it (PeerUnreachableError naming it). A dynamic job's
 // worker settles its own calls and RRefs, then leaves alone (membership.h).
+// A timeout <= 0 (upstream's default) sets no limit on the wait for this
+// worker's calls and for the others to arrive, which may be busy for hours
+// (a parameter server waits there while trainers train); each later step is
+// bounded by the job's RPC timeout.
 
 #include <c10/util/intrusive_ptr.h>
 
@@ -71,15 +75,20 @@ class Worker {
     std::vector<rref::OwnerTable::EntryInfo> leaked;
   };
   // Leaves the job: graceful (see Shutdown above, each wait bounded by
-  // `timeoutSeconds`) or at once (pending calls fail with ShutdownError).
+  // `timeoutSeconds`, or as said there when it is <= 0) or at once (pending calls fail with ShutdownError).
   // Stops the agent and the RRef context in every case. Call it once, from a
   // thread that is not the agent's.
-  StopReport stop(bool graceful, double timeoutSeconds);
+  // `interrupted` (may be empty) is asked between polls of the wait for the
+  // other workers: once it returns true, that wait ends and the worker stops
+  // as after a timeout (the failure says so). Python passes a check of its
+  // signals, so that Ctrl-C ends a wait without a limit.
+  StopReport stop(bool graceful, double timeoutSeconds, const std::function<bool()>& interrupted = {});
   // stop(graceful=true) that throws its failure.
-  void shutdown(double timeoutSeconds = 60.0);
+  void shutdown(double timeoutSeconds = 0.0);
 
  private:
-  std::exception_ptr leaveGracefully(double timeoutSeconds, std::vector<rref::OwnerTable::EntryInfo>* leaked);
+  std::exception_ptr leaveGracefully(double timeoutSeconds, const std::function<bool()>& interrupted,
+                                     std::vector<rref::OwnerTable::EntryInfo>* leaked);
   // A dynamic job's: this worker's calls and RRefs settled, then it leaves
   // alone (worker/membership.h), without meeting the others.
   std::exception_ptr leaveDynamic(double timeoutSeconds, std::vector<rref::OwnerTable::EntryInfo>* leaked);
@@ -87,6 +96,9 @@ class Worker {
   // (a user may be confirmed during the first pass); a timeout error or null.
   std::exception_ptr releaseRRefs(std::chrono::steady_clock::time_point deadline, const std::string& limit);
   void leakedOwners(std::vector<rref::OwnerTable::EntryInfo>* leaked) const;
+  // How long each step after the meeting may take in a shutdown without a
+  // limit: the job's RPC timeout, or 60 s without one.
+  double stepSeconds() const;
   // PeerUnreachableError naming the peers found dead at shutdown's
   // meetings (`dead`), or null.
   std::exception_ptr deadPeersFailure(const std::set<int>& dead) const;

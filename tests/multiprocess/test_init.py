@@ -4,7 +4,9 @@ Each test starts its own small job (this process is rank 0), so these are the
 suite's most expensive tests; they also prove that init_rpc works again in a
 process after shutdown."""
 
+import inspect
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -71,6 +73,53 @@ def test_graceful_shutdown_waits_for_every_worker_and_keeps_serving():
         assert job.procs[1].wait(timeout=30) == 0
         assert "call back during shutdown returned 42" in job.log(1)
         assert "get_worker_info during shutdown returned worker0" in job.log(1), job.log(1)
+
+
+def test_graceful_shutdown_by_default_waits_as_long_as_the_others_work():
+    # Upstream's default (timeout=0: no limit), which a parameter server relies
+    # on: it calls shutdown() at once and serves its trainers however long
+    # they train. torchrpc gave up after 60 s. Here the other worker works
+    # past this job's RPC timeout (2 s), which bounds only the steps after the meeting.
+    import torch.distributed.rpc as upstream
+
+    default = inspect.signature(rpc.shutdown).parameters["timeout"].default
+    assert default == inspect.signature(upstream.shutdown).parameters["timeout"].default == 0
+    with Cluster(2, rpc_timeout=2.0).unmanaged() as job:
+        rpc.rpc_sync("worker1", funcs.stop_worker_later, args=(3.0, "worker0"))
+        started = time.monotonic()
+        rpc.shutdown()
+        assert time.monotonic() - started >= 2.5
+        assert job.procs[1].wait(timeout=30) == 0
+        assert "call back during shutdown returned 42" in job.log(1)
+
+
+def test_graceful_shutdown_does_not_wait_for_a_worker_that_stopped_without_meeting():
+    # worker2 stops at once (graceful=False: it says goodbye, so no one saw it
+    # die) and worker1 never talked to it: without a limit, both would wait
+    # for it forever. Each dials it instead, finds it gone, and says so.
+    with Cluster(3).unmanaged() as job:
+        rpc.rpc_sync("worker2", funcs.stop_worker, args=(False,))
+        assert job.procs[2].wait(timeout=30) == 0
+        rpc.rpc_sync("worker1", funcs.stop_worker, args=(True,))
+        started = time.monotonic()
+        with pytest.raises(rpc.PeerUnreachableError, match=r"worker2 \(rank 2: it cannot be reached"):
+            rpc.shutdown()
+        assert time.monotonic() - started < 15
+        job.procs[1].wait(timeout=30)
+        assert "worker2" in job.log(1), job.log(1)
+
+
+def test_ctrl_c_ends_a_graceful_shutdown_that_waits_for_the_others():
+    with Cluster(2).unmanaged() as job:
+        rpc.rpc_sync("worker1", funcs.stop_worker, args=(True,))  # waits there for this worker
+        time.sleep(1.0)
+        assert job.procs[1].poll() is None, job.log(1)
+        job.procs[1].send_signal(signal.SIGINT)
+        job.procs[1].wait(timeout=10)
+        assert "KeyboardInterrupt" in job.log(1), job.log(1)
+        # worker1 arrived and then stopped: the meeting goes on without it.
+        with pytest.raises(rpc.PeerUnreachableError, match="worker1"):
+            rpc.shutdown(timeout=30)
 
 
 def test_non_graceful_shutdown_is_local_and_fails_pending_calls():
