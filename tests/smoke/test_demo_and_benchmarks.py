@@ -104,3 +104,50 @@ def test_call_segments_reports_each_step_of_a_call():
         assert step in rows and float(rows[step][1]) > 0, out
     assert rows["callee"][-1] == "rpc-pool" and "to" in rows, out  # the callee's pool ran the call
     assert "caller's waiting thread woken:" in out, out
+
+
+def _paired_workers():
+    """Pids of benchmarks/paired.py workers still alive."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"benchmarks.paired\0--worker" in f.read():
+                    pids.append(int(pid))
+        except OSError:
+            pass
+    return pids
+
+
+@pytest.mark.timeout(150)
+def test_paired_blocks_compare_sides_in_the_same_phases(tmp_path):
+    # Two sides of torchrpc, one with a setting (how a change is A/B'd): each
+    # block pair has a value for both and a speed probe, the report names
+    # both, and no worker (stopped between blocks) is left behind.
+    out = run(["benchmarks/paired.py", "--sides", "torchrpc,torchrpc@TORCHRPC_SPIN_US=0", "--modes", "separate",
+               "--kinds", "script,async_builtin", "--blocks", "2", "--block-s", "0.1",
+               "--out", str(tmp_path / "paired.json")], timeout=140)
+    assert "torchrpc@TORCHRPC_SPIN_US=0:" in out and "async_builtin" in out, out
+    with open(tmp_path / "paired.json") as f:
+        data = json.load(f)
+    for kind in ("script", "async_builtin"):
+        rows = data["blocks"]["separate"][kind]
+        assert len(rows) == 2, rows
+        assert all(r["probe_ms"] > 0 and r["torchrpc"] > 0 and r["torchrpc@TORCHRPC_SPIN_US=0"] > 0 for r in rows), rows
+        assert data["summary"]["separate"][kind]["all"]["torchrpc@TORCHRPC_SPIN_US=0"] > 0
+    assert _paired_workers() == []
+
+
+def test_paired_speedups_are_per_block_pair_and_by_phase():
+    from benchmarks import paired
+
+    # Tiny calls in µs (lower is faster), calls in flight per second (higher).
+    rows = [{"probe_ms": 1.0, "a": 100.0, "b": 25.0}, {"probe_ms": 1.9, "a": 300.0, "b": 100.0},
+            {"probe_ms": 2.0, "a": 200.0, "b": 100.0}]
+    s = paired.summarize(rows, "script", ["a", "b"])
+    assert s["median"] == {"a": 200.0, "b": 100.0}
+    assert (s["all"]["b"], s["fast"]["b"], s["slow"]["b"]) == (3.0, 4.0, 2.5)
+    assert (s["fast"]["blocks"], s["slow"]["blocks"]) == (1, 2)
+    rows = [{"probe_ms": 1.0, "a": 1000.0, "b": 3000.0}]
+    s = paired.summarize(rows, "async_script", ["a", "b"])
+    assert s["all"]["b"] == 3.0 and s["slow"] == {"blocks": 0, "b": None}
