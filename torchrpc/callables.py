@@ -43,15 +43,34 @@ class _MainReference:
     globals, e.g. a server object the script made). A callee running another
     program falls back to the pickled copy."""
 
-    def __init__(self, qualname, by_value):
+    def __init__(self, qualname, by_value, why_no_copy=None):
         self.qualname = qualname
-        self.by_value = by_value
+        self.by_value = by_value  # None when the function did not pickle (why_no_copy says why)
+        self.why_no_copy = why_no_copy
 
     def resolve(self):
         obj = sys.modules.get("__main__")
         for part in self.qualname.split("."):
             obj = getattr(obj, part, None)
-        return obj if callable(obj) else cloudpickle.loads(self.by_value)
+        if callable(obj):
+            return obj
+        if self.by_value is None:
+            raise errors.FunctionNotOnCalleeError(
+                f"{self.qualname!r} is a function of the caller's __main__ script, which this worker's __main__ "
+                f"lacks, and the caller could not send a copy ({self.why_no_copy}): run the same script on "
+                "every worker, or make what the function uses picklable")
+        return cloudpickle.loads(self.by_value)
+
+
+def _main_reference(fn):
+    """A function of __main__ by name, with a copy for a callee that runs
+    another program when the function pickles (a lock among its globals, say,
+    does not: upstream sends such a function by name alone, and so does this)."""
+    try:
+        copy, why = cloudpickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL), None
+    except Exception as err:
+        copy, why = None, f"{type(err).__name__}: {err}"
+    return _MainReference(fn.__qualname__, copy, why)
 
 
 def pickle_function(fn):
@@ -63,13 +82,13 @@ def pickle_function(fn):
         if cached is not None:
             return cached
     try:
-        if by_name and isinstance(fn, types.MethodType) and fn.__module__ != "__main__":
+        if by_name and fn.__module__ == "__main__":
+            data = cloudpickle.dumps(_main_reference(fn), protocol=pickle.HIGHEST_PROTOCOL)
+        elif by_name and isinstance(fn, types.MethodType):
             # By reference, as getattr(cls, name): cloudpickle would copy the function by value.
             data = pickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
         else:
             data = cloudpickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
-        if by_name and fn.__module__ == "__main__":
-            data = cloudpickle.dumps(_MainReference(fn.__qualname__, data), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as err:
         raise TypeError(
             f"cannot send {function_name(fn)!r}: it is not TorchScript, so torchrpc pickled it "
