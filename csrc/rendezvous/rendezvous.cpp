@@ -240,6 +240,10 @@ void Rendezvous::waitForAll(const std::string& tag, const std::string& prefix,
         continue;
       }
       if (gone && gone(r)) {
+        // A worker that got here and then left the job (rank 0 waits for
+        // the others to leave the meeting) set its key before it stopped
+        // listening: checked again.
+        if (store_->check({prefix + std::to_string(r)})) continue;
         store_->set(tag + "/gone/" + std::to_string(r), bytesOf("1"));  // for the workers that never talked to it
         goneRanks->insert(r);
         continue;
