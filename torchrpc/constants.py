@@ -6,8 +6,10 @@ DEFAULT_RPC_TIMEOUT_SEC = 60.0
 DEFAULT_NUM_WORKER_THREADS = 16
 #: How workers find each other when no init_method is given.
 DEFAULT_INIT_METHOD = "env://"
-#: Seconds init_rpc waits for the whole job to join the rendezvous.
-DEFAULT_INIT_TIMEOUT_SEC = 300.0
+#: Seconds init_rpc waits for the whole job to join the rendezvous: torch's
+#: rendezvous default (30 minutes), which upstream's init_rpc waits for
+#: workers that start late.
+DEFAULT_INIT_TIMEOUT_SEC = 1800.0
 #: Seconds shutdown(graceful=True) waits for this worker's calls and the other
 #: workers; 0, as upstream: no limit (a parameter server waits there while
 #: its trainers train; a worker that died is not waited for).

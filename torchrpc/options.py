@@ -40,7 +40,7 @@ class RpcOptions(RpcBackendOptions):
         store (torch.distributed.Store): an existing store to rendezvous through
             instead of ``init_method``.
         init_timeout (float): seconds init_rpc waits for the whole job
-            (default 300).
+            (default 1800, torch's rendezvous timeout).
         secret (bytes or str): the job's secret. Every connection starts with
             a handshake in which both ends prove they hold it, so no process
             without it can send a worker anything. Give every worker the same

@@ -14,6 +14,13 @@ def test_defaults():
     assert (o.num_worker_threads, o.rpc_timeout, o.init_method) == (16, 60.0, "env://")
 
 
+def test_init_waits_as_long_as_torchs_rendezvous_for_workers_that_start_late():
+    # upstream's init_rpc meets through dist.rendezvous, whose default timeout this is
+    from torch.distributed.constants import default_pg_timeout
+
+    assert torchrpc.RpcOptions().init_timeout == default_pg_timeout.total_seconds() == 1800
+
+
 def test_timedelta_and_numbers_are_seconds():
     assert torchrpc.RpcOptions(rpc_timeout=datetime.timedelta(seconds=3)).rpc_timeout == 3.0
     assert torchrpc.RpcOptions(rpc_timeout=0).rpc_timeout == 0.0
