@@ -70,11 +70,11 @@ def _measure_block(rpc, kind, seconds):
         return _measure.rate_for(batch, seconds)
     fn, args = scenarios.LATENCY_CALLS[kind]
     call = lambda: rpc.rpc_sync("callee", fn, args=args)  # noqa: E731
-    samples = _measure.time_each(call, 20, 20)  # warm-up, and at least 20 samples
+    samples = _measure.time_each(call, 20, 20)  # after 20 untimed: at least 20 samples
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         samples += _measure.time_each(call, 20, 0)
-    return statistics.median(samples[20:]) * 1e6
+    return statistics.median(samples) * 1e6
 
 
 def worker(backend_name, rank, port, kinds):
