@@ -29,6 +29,7 @@ import threading
 import time
 
 import torchrpc as rpc
+from torchrpc import state
 from tests.multiprocess import remote_host
 from tests.multiprocess.worker import stops_on_signal
 
@@ -186,6 +187,8 @@ class Cluster:
         try:
             yield self
         finally:
+            if state.current() is not None:  # a failed test must not leave it to the next
+                rpc.shutdown(graceful=False)
             self.kill_all()
             _live.discard(self)
             self._remove_files()
@@ -209,14 +212,24 @@ class Cluster:
                 proc.kill()
                 proc.wait(timeout=10)
 
+    def ask_to_stop(self, rank, graceful):
+        """Makes worker `rank` call shutdown(graceful) on its main thread."""
+        from tests.multiprocess import funcs
+
+        try:
+            rpc.rpc_sync(rank, funcs.stop_worker, args=(graceful,), timeout=10)
+        except rpc.PeerUnreachableError:
+            # a worker stopping non-gracefully may close before it answers:
+            # then its exit code tells whether it stopped well
+            if graceful:
+                raise
+
     def alive(self):
         return [r for r, p in self.procs.items() if p.poll() is None]
 
     def stop(self, timeout=30):
         """Shuts the job down, gracefully unless a test killed a worker, and
         raises with the workers' logs if one did not exit cleanly."""
-        from tests.multiprocess import funcs
-
         alive = self.alive()
         graceful = len(alive) == len(self.procs)
         problems = []
@@ -228,12 +241,9 @@ class Cluster:
                     self.procs[rank].send_signal(signal.SIGTERM if graceful else signal.SIGUSR2)
                     continue
                 try:
-                    rpc.rpc_sync(rank, funcs.stop_worker, args=(graceful,), timeout=10)
+                    self.ask_to_stop(rank, graceful)
                 except Exception as exc:
-                    # a worker stopping non-gracefully may close before it answers:
-                    # then its exit code (below) tells whether it stopped well
-                    if graceful or not isinstance(exc, rpc.PeerUnreachableError):
-                        problems.append(f"worker{rank} did not take the stop request: {exc}")
+                    problems.append(f"worker{rank} did not take the stop request: {exc}")
             rpc.shutdown(graceful=graceful and not problems, timeout=timeout)
         finally:
             for rank in alive:

@@ -98,7 +98,7 @@ def test_graceful_shutdown_does_not_wait_for_a_worker_that_stopped_without_meeti
     # die) and worker1 never talked to it: without a limit, both would wait
     # for it forever. Each dials it instead, finds it gone, and says so.
     with Cluster(3).unmanaged() as job:
-        rpc.rpc_sync("worker2", funcs.stop_worker, args=(False,))
+        job.ask_to_stop(2, graceful=False)
         assert job.procs[2].wait(timeout=30) == 0
         rpc.rpc_sync("worker1", funcs.stop_worker, args=(True,))
         started = time.monotonic()
