@@ -116,9 +116,11 @@ def open_store(options, rank, world_size):
             )
     if rank != 0:
         _wait_for_store_host(method, options.init_timeout)
-    if world_size is None:
+    if world_size is None or (rank == 0 and _store_address(method)[0]):
         # torch's rendezvous handlers take a job without a size as world_size=-1
-        # in the URL (its stores then wait for no number of workers).
+        # in the URL (its stores then wait for no number of workers). Rank 0's
+        # TCPStore is made so too: its constructor would wait for the whole
+        # job, deaf to Ctrl-C; the Worker's exchange waits for it instead.
         sep = "&" if "?" in method else "?"
         store, _, _ = next(dist.rendezvous(f"{method}{sep}rank={rank}&world_size=-1", timeout=timeout))
     else:

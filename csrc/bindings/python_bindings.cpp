@@ -76,6 +76,14 @@ Call send(Agent& agent, int dst, Message&& m, double timeout, const std::string&
   return Call(std::move(future));
 }
 
+// Runs Python's signal handlers (from a thread without the GIL); a handler
+// that raised (Ctrl-C) sets `interrupted`, and the error stays set.
+bool checkSignals(bool& interrupted) {
+  py::gil_scoped_acquire gil;
+  interrupted = interrupted || PyErr_CheckSignals() != 0;
+  return interrupted;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -144,11 +152,20 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](const torchrpc::agent::AgentOptions& o, const py::object& store, py::object beforeServing) {
              auto s = py::cast<c10::intrusive_ptr<c10d::Store>>(store);
              auto hook = pf::sharedPyObject(std::move(beforeServing));
-             py::gil_scoped_release nogil;  // the rendezvous waits for the whole job
-             return std::make_shared<torchrpc::worker::Worker>(o, std::move(s), [hook](Agent& a, rref::RRefContext& c) {
-               py::gil_scoped_acquire gil;
-               (*hook)(a.shared_from_this(), c.shared_from_this());
-             });
+             bool interrupted = false;
+             try {
+               py::gil_scoped_release nogil;  // the rendezvous waits for the whole job
+               return std::make_shared<torchrpc::worker::Worker>(
+                   o, std::move(s),
+                   [hook](Agent& a, rref::RRefContext& c) {
+                     py::gil_scoped_acquire gil;
+                     (*hook)(a.shared_from_this(), c.shared_from_this());
+                   },
+                   [&interrupted] { return checkSignals(interrupted); });
+             } catch (...) {
+               if (interrupted) throw py::error_already_set();  // Ctrl-C: KeyboardInterrupt
+               throw;
+             }
            }),
            py::arg("options"), py::arg("store"), py::arg("before_serving"))
       .def_property_readonly("agent", [](const torchrpc::worker::Worker& w) { return w.agentPtr(); })
@@ -161,11 +178,7 @@ PYBIND11_MODULE(_C, m) {
           py::gil_scoped_release nogil;
           // A signal's Python handler runs between the polls of the meeting:
           // Ctrl-C (KeyboardInterrupt) ends it, raised once the worker stopped.
-          report = w.stop(graceful, timeout, [&interrupted] {
-            py::gil_scoped_acquire gil;
-            interrupted = interrupted || PyErr_CheckSignals() != 0;
-            return interrupted;
-          });
+          report = w.stop(graceful, timeout, [&interrupted] { return checkSignals(interrupted); });
         }
         if (interrupted) throw py::error_already_set();
         py::object failure = report.failure ? py::object(errorTuple(report.failure)) : py::none();

@@ -172,10 +172,26 @@ size_t Rendezvous::unlist(int rank) {
   return ranks.size();
 }
 
-std::vector<agent::PeerInfo> Rendezvous::exchange(const agent::PeerInfo& me) {
+std::vector<agent::PeerInfo> Rendezvous::exchange(const agent::PeerInfo& me, const std::function<bool()>& interrupted) {
   store_->set("worker/" + std::to_string(rank_), bytesOf(encodePeer(me)));
+  const auto timeout = store_->getTimeout();
+  const auto deadline = timeout.count() > 0 ? std::chrono::steady_clock::now() + timeout
+                                            : std::chrono::steady_clock::time_point::max();
+  std::set<int> goneRanks;  // none: nothing is known of the others yet
+  try {
+    waitForAll("init", "worker/", deadline, [&](int) {
+      TORCH_CHECK(!(interrupted && interrupted()), "init_rpc on ", me.name,
+                  ": interrupted while waiting for the other workers to join");
+      return false;
+    }, &goneRanks, std::chrono::milliseconds(20));  // workers started together join within one poll
+  } catch (const c10::DistStoreError& e) {
+    C10_THROW_ERROR(DistStoreError, "init_rpc on " + me.name + ": not every worker of the job (world_size=" +
+                                        std::to_string(worldSize_) + ") joined within the rendezvous timeout of " +
+                                        std::to_string(timeout.count() / 1000.0) + " s (" +
+                                        e.what_without_backtrace() +
+                                        "). Start them, with this job's init_method, or raise init_timeout.");
+  }
   auto keys = keysFor("worker/", worldSize_);
-  store_->wait(keys);
   auto values = store_->multiGet(keys);
   std::vector<agent::PeerInfo> peers;
   std::unordered_map<std::string, int> byName;
@@ -221,15 +237,14 @@ std::string Rendezvous::sharedSecret(std::string given) {
 
 void Rendezvous::waitForAll(const std::string& tag, const std::string& prefix,
                             std::chrono::steady_clock::time_point deadline, const std::function<bool(int)>& gone,
-                            std::set<int>* goneRanks) {
+                            std::set<int>* goneRanks, std::chrono::milliseconds maxPoll) {
   std::vector<int> missing;
   for (int r = 0; r < worldSize_; ++r) missing.push_back(r);
   // The store is polled with check(), never wait() with a short timeout: a
   // TCPStore client reconnects after every timed-out wait (a socket, a
   // connect and a warning on stderr each time, 1.5% of a core for a worker
-  // waiting at shutdown). Polls back off from 1 ms to kMaxPoll, so a rank
+  // waiting at shutdown). Polls back off from 1 ms to maxPoll, so a rank
   // known dead is noticed between them (0.1% of a core while waiting).
-  constexpr auto kMaxPoll = std::chrono::milliseconds(200);
   auto poll = std::chrono::milliseconds(1);
   while (true) {
     std::vector<int> still;
@@ -259,7 +274,7 @@ void Rendezvous::waitForAll(const std::string& tag, const std::string& prefix,
       C10_THROW_ERROR(DistStoreError, "barrier '" + tag + "': rank(s) " + ranks + " did not arrive in time");
     }
     std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(poll, deadline - now));
-    poll = std::min(poll * 2, kMaxPoll);
+    poll = std::min(poll * 2, maxPoll);
   }
 }
 

@@ -51,9 +51,10 @@ class Rendezvous {
   // out through the store (whoever can read the store can read that one).
   std::string sharedSecret(std::string given);
   // Publishes `me`; returns every worker's record, by rank, once all are in.
-  // Waits up to the store's timeout. Throws c10::ValueError if two workers
-  // have the same name.
-  std::vector<agent::PeerInfo> exchange(const agent::PeerInfo& me);
+  // Polls the store up to its timeout; `interrupted` (may be empty) is asked
+  // between polls, and once it returns true the wait throws (init_rpc:
+  // Ctrl-C). Throws c10::ValueError if two workers have the same name.
+  std::vector<agent::PeerInfo> exchange(const agent::PeerInfo& me, const std::function<bool()>& interrupted = {});
   // Returns once every worker reached barrier `tag`, or is gone: `gone(rank)`
   // (may be empty) says a worker died, and this worker then marks it gone in
   // the store for the others, who may not know. Rank 0 (which may host the
@@ -103,7 +104,8 @@ class Rendezvous {
   // Polls until every rank set `prefix`<rank> or is marked gone under `tag`
   // (those are added to *goneRanks).
   void waitForAll(const std::string& tag, const std::string& prefix, std::chrono::steady_clock::time_point deadline,
-                  const std::function<bool(int)>& gone, std::set<int>* goneRanks);
+                  const std::function<bool(int)>& gone, std::set<int>* goneRanks,
+                  std::chrono::milliseconds maxPoll = std::chrono::milliseconds(200));
 
   c10::intrusive_ptr<c10d::Store> root_;   // the store as given
   c10::intrusive_ptr<c10d::Store> store_;  // prefixed with the generation (or "dynamic")

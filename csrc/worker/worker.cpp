@@ -58,7 +58,8 @@ void releaseGone(agent::Agent& agent, rref::RRefContext& rrefs, int rank) {
 
 }  // namespace
 
-Worker::Worker(agent::AgentOptions options, c10::intrusive_ptr<c10d::Store> store, const Hook& beforeServing) {
+Worker::Worker(agent::AgentOptions options, c10::intrusive_ptr<c10d::Store> store, const Hook& beforeServing,
+               const std::function<bool()>& interrupted) {
   if (options.hostId.empty()) options.hostId = localHostId();
   applyGraceFromEnvironment(options);
   const int rank = options.rank;
@@ -74,7 +75,7 @@ Worker::Worker(agent::AgentOptions options, c10::intrusive_ptr<c10d::Store> stor
       membership_ = std::make_unique<Membership>(agent_, *rendezvous_);
       agent_->setPeers(membership_->enter(me));
     } else {
-      agent_->setPeers(rendezvous_->exchange(me));
+      agent_->setPeers(rendezvous_->exchange(me, interrupted));
     }
     rrefs_ = rref::RRefContext::create(agent_);
     peerWatch_ = PeerWatch::create(agent_, [agent = agent_, rrefs = rrefs_](int rank) { releaseGone(*agent, *rrefs, rank); });

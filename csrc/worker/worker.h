@@ -58,7 +58,10 @@ class Worker {
   using Hook = std::function<void(agent::Agent&, rref::RRefContext&)>;
 
   // Joins the job (see Init above); throws if it cannot, leaving nothing running.
-  Worker(agent::AgentOptions options, c10::intrusive_ptr<c10d::Store> store, const Hook& beforeServing = {});
+  // `interrupted` (may be empty) is asked between polls of the wait for the
+  // whole job; once it returns true, init throws (Python: Ctrl-C).
+  Worker(agent::AgentOptions options, c10::intrusive_ptr<c10d::Store> store, const Hook& beforeServing = {},
+         const std::function<bool()>& interrupted = {});
   // Stops at once if stop() was not called.
   ~Worker();
 

@@ -60,9 +60,16 @@ def spawn(cmd, log_path, env=None):
     full_env.update(env or {})
     log = open(log_path, "w")
     try:
-        return subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=_default_sigint)
     finally:
         log.close()
+
+
+def _default_sigint():
+    # A job started in the background of a shell without job control ignores
+    # SIGINT, and so would the workers: they take Ctrl-C as a terminal's would.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class Cluster:

@@ -4,6 +4,7 @@ Each test starts its own small job (this process is rank 0), so these are the
 suite's most expensive tests; they also prove that init_rpc works again in a
 process after shutdown."""
 
+import datetime
 import inspect
 import os
 import signal
@@ -122,6 +123,39 @@ def test_ctrl_c_ends_a_graceful_shutdown_that_waits_for_the_others():
         # worker1 arrived and then stopped: the meeting goes on without it.
         with pytest.raises(rpc.PeerUnreachableError, match="worker1"):
             rpc.shutdown(timeout=30)
+
+
+def test_ctrl_c_ends_init_rpc_waiting_for_the_job(tmp_path):
+    # Ranks 0 (the tcp:// store's host) and 1 of 3 wait for rank 2, which never
+    # comes. torch's rank 0 waits in its store's constructor, deaf to Ctrl-C.
+    import torch.distributed as dist
+
+    port = free_port()
+    init_method = f"tcp://127.0.0.1:{port}"
+    procs = [spawn(worker_command(rank, 3, init_method), tmp_path / f"worker{rank}.log") for rank in (0, 1)]
+    try:
+        rpc.rendezvous._wait_for_store_host(init_method, 60)
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
+        store.wait(["torchrpc/0/worker/0", "torchrpc/0/worker/1"])  # both published their address: they wait
+        time.sleep(0.2)
+        for proc in procs:
+            assert proc.poll() is None, [p.read_text() for p in tmp_path.iterdir()]
+            proc.send_signal(signal.SIGINT)
+        for rank, proc in enumerate(procs):
+            proc.wait(timeout=10)
+            log = (tmp_path / f"worker{rank}.log").read_text()
+            assert "KeyboardInterrupt" in log and "init_rpc" in log, log
+    finally:
+        for proc in procs:
+            proc.kill()
+
+
+def test_init_rpc_timeout_says_who_did_not_join():
+    with pytest.raises(RuntimeError, match=r"init_rpc on worker0: not every worker of the job \(world_size=2\) "
+                                           r"joined within the rendezvous timeout of 1\.0+ s .*rank\(s\) 1 did not"):
+        rpc.init_rpc("worker0", rank=0, world_size=2,
+                     rpc_backend_options=rpc.RpcOptions(init_method=f"tcp://127.0.0.1:{free_port()}", init_timeout=1))
+    assert not rpc.api._debug_info()["initialized"]
 
 
 def test_non_graceful_shutdown_is_local_and_fails_pending_calls():
