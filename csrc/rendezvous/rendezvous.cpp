@@ -29,6 +29,27 @@ constexpr char kKindKey[] = "torchrpc/kind";
 constexpr auto kTokenPoll = std::chrono::milliseconds(10);
 constexpr auto kTokenProbe = std::chrono::seconds(1);  // how often a waiter asks whether the holder still runs
 
+// Calls `done` until it returns true, sleeping between calls from 1 ms up
+// to `maxPoll`; false once `deadline` passed. Stores are polled with
+// check(), never wait() with a short timeout: a TCPStore client reconnects
+// after every timed-out wait (a socket, a connect and a warning on stderr
+// each time).
+bool pollUntil(const std::function<bool()>& done, std::chrono::steady_clock::time_point deadline,
+               std::chrono::milliseconds maxPoll) {
+  auto poll = std::chrono::milliseconds(1);
+  while (!done()) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return false;
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(poll, deadline - now));
+    poll = std::min(poll * 2, maxPoll);
+  }
+  return true;
+}
+
+std::chrono::steady_clock::time_point deadlineAfter(std::chrono::milliseconds timeout) {
+  return timeout.count() > 0 ? std::chrono::steady_clock::now() + timeout : std::chrono::steady_clock::time_point::max();
+}
+
 std::vector<std::string> keysFor(const std::string& prefix, int worldSize) {
   std::vector<std::string> keys;
   for (int r = 0; r < worldSize; ++r) keys.push_back(prefix + std::to_string(r));
@@ -175,8 +196,7 @@ size_t Rendezvous::unlist(int rank) {
 std::vector<agent::PeerInfo> Rendezvous::exchange(const agent::PeerInfo& me, const std::function<bool()>& interrupted) {
   store_->set("worker/" + std::to_string(rank_), bytesOf(encodePeer(me)));
   const auto timeout = store_->getTimeout();
-  const auto deadline = timeout.count() > 0 ? std::chrono::steady_clock::now() + timeout
-                                            : std::chrono::steady_clock::time_point::max();
+  const auto deadline = deadlineAfter(timeout);
   std::set<int> goneRanks;  // none: nothing is known of the others yet
   try {
     waitForAll("init", "worker/", deadline, [&](int) {
@@ -206,7 +226,7 @@ std::vector<agent::PeerInfo> Rendezvous::exchange(const agent::PeerInfo& me, con
   return peers;
 }
 
-std::string Rendezvous::sharedSecret(std::string given) {
+std::string Rendezvous::sharedSecret(std::string given, const std::function<bool()>& interrupted) {
   if (given.empty()) {
     const char* env = std::getenv("TORCHRPC_SECRET");
     if (env != nullptr) given = env;
@@ -229,6 +249,12 @@ std::string Rendezvous::sharedSecret(std::string given) {
     store_->set("secret", bytesOf(secret));
     return secret;
   }
+  const bool made = pollUntil([&] {
+    TORCH_CHECK(!(interrupted && interrupted()), "init_rpc on rank ", rank_, ": interrupted while waiting for rank 0");
+    return store_->check({"secret"});
+  }, deadlineAfter(store_->getTimeout()), std::chrono::milliseconds(20));
+  TORCH_CHECK(made, "init_rpc on rank ", rank_, ": rank 0 did not join the job within the rendezvous timeout of ",
+              store_->getTimeout().count() / 1000.0, " s. Start it, with this job's init_method, or raise init_timeout.");
   auto value = store_->get("secret");
   TORCH_CHECK(value.size() == kSecretBytes, "malformed job secret in the rendezvous store (", value.size(),
               " bytes): is another program (or another torchrpc version) using this store?");
@@ -240,13 +266,9 @@ void Rendezvous::waitForAll(const std::string& tag, const std::string& prefix,
                             std::set<int>* goneRanks, std::chrono::milliseconds maxPoll) {
   std::vector<int> missing;
   for (int r = 0; r < worldSize_; ++r) missing.push_back(r);
-  // The store is polled with check(), never wait() with a short timeout: a
-  // TCPStore client reconnects after every timed-out wait (a socket, a
-  // connect and a warning on stderr each time, 1.5% of a core for a worker
-  // waiting at shutdown). Polls back off from 1 ms to maxPoll, so a rank
-  // known dead is noticed between them (0.1% of a core while waiting).
-  auto poll = std::chrono::milliseconds(1);
-  while (true) {
+  // At most every maxPoll, so a rank known dead is noticed between polls
+  // (0.1% of a core while waiting at the default 200 ms).
+  const bool all = pollUntil([&] {
     std::vector<int> still;
     for (int r : missing) {
       if (store_->check({prefix + std::to_string(r)})) continue;
@@ -266,15 +288,12 @@ void Rendezvous::waitForAll(const std::string& tag, const std::string& prefix,
       still.push_back(r);
     }
     missing.swap(still);
-    if (missing.empty()) return;
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) {
-      std::string ranks;
-      for (int r : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-      C10_THROW_ERROR(DistStoreError, "barrier '" + tag + "': rank(s) " + ranks + " did not arrive in time");
-    }
-    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(poll, deadline - now));
-    poll = std::min(poll * 2, maxPoll);
+    return missing.empty();
+  }, deadline, maxPoll);
+  if (!all) {
+    std::string ranks;
+    for (int r : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    C10_THROW_ERROR(DistStoreError, "barrier '" + tag + "': rank(s) " + ranks + " did not arrive in time");
   }
 }
 

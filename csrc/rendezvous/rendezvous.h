@@ -49,7 +49,9 @@ class Rendezvous {
   // The job's secret for the connection handshake (auth/handshake.h): `given`
   // (the user's), else TORCHRPC_SECRET, else one that rank 0 makes and hands
   // out through the store (whoever can read the store can read that one).
-  std::string sharedSecret(std::string given);
+  // Ranks other than 0 wait for it up to the store's timeout, asking
+  // `interrupted` (may be empty) between polls, as exchange() does.
+  std::string sharedSecret(std::string given, const std::function<bool()>& interrupted = {});
   // Publishes `me`; returns every worker's record, by rank, once all are in.
   // Polls the store up to its timeout; `interrupted` (may be empty) is asked
   // between polls, and once it returns true the wait throws (init_rpc:

@@ -66,7 +66,7 @@ Worker::Worker(agent::AgentOptions options, c10::intrusive_ptr<c10d::Store> stor
   const int worldSize = options.worldSize;
   rendezvous_ = std::make_unique<rendezvous::Rendezvous>(std::move(store), rank, worldSize);
   if (!rendezvous_->dynamic()) rendezvous_->claimKind();  // a dynamic job's worker claims it as it joins
-  options.secret = rendezvous_->sharedSecret(options.secret);
+  options.secret = rendezvous_->sharedSecret(options.secret, interrupted);
   agent_ = std::make_shared<agent::Agent>(options);
   try {
     auto [tcp, unixAddr] = agent_->listen();

@@ -125,23 +125,31 @@ def test_ctrl_c_ends_a_graceful_shutdown_that_waits_for_the_others():
             rpc.shutdown(timeout=30)
 
 
-def test_ctrl_c_ends_init_rpc_waiting_for_the_job(tmp_path):
-    # Ranks 0 (the tcp:// store's host) and 1 of 3 wait for rank 2, which never
-    # comes. torch's rank 0 waits in its store's constructor, deaf to Ctrl-C.
+@pytest.mark.parametrize("init", ["tcp", "file"])
+def test_ctrl_c_ends_init_rpc_waiting_for_the_job(init, tmp_path):
+    # tcp://: ranks 0 (the store's host) and 1 of 3 wait for rank 2, which
+    # never comes; torch's rank 0 waits in its store's constructor, deaf to
+    # Ctrl-C. file://: rank 1 waits for rank 0, which never comes.
     import torch.distributed as dist
 
     port = free_port()
-    init_method = f"tcp://127.0.0.1:{port}"
-    procs = [spawn(worker_command(rank, 3, init_method), tmp_path / f"worker{rank}.log") for rank in (0, 1)]
+    init_method = f"tcp://127.0.0.1:{port}" if init == "tcp" else f"file://{tmp_path}/store"
+    ranks = (0, 1) if init == "tcp" else (1,)
+    procs = [spawn(worker_command(rank, 3, init_method), tmp_path / f"worker{rank}.log") for rank in ranks]
     try:
-        rpc.rendezvous._wait_for_store_host(init_method, 60)
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
-        store.wait(["torchrpc/0/worker/0", "torchrpc/0/worker/1"])  # both published their address: they wait
-        time.sleep(0.2)
+        if init == "tcp":
+            rpc.rendezvous._wait_for_store_host(init_method, 60)
+            store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
+            store.wait(["torchrpc/0/worker/0", "torchrpc/0/worker/1"])  # both published their address: they wait
+        else:
+            deadline = time.monotonic() + 60
+            while not (tmp_path / "store").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        time.sleep(0.5)
         for proc in procs:
-            assert proc.poll() is None, [p.read_text() for p in tmp_path.iterdir()]
+            assert proc.poll() is None, [p.read_text() for p in tmp_path.glob("*.log")]
             proc.send_signal(signal.SIGINT)
-        for rank, proc in enumerate(procs):
+        for rank, proc in zip(ranks, procs):
             proc.wait(timeout=10)
             log = (tmp_path / f"worker{rank}.log").read_text()
             assert "KeyboardInterrupt" in log and "init_rpc" in log, log
@@ -179,7 +187,8 @@ def test_shutdown_does_not_wait_forever_for_a_completion_callback(capfd):
             running.set()
             release.wait(30)
 
-        rpc.rpc_async("worker1", funcs.pid).then(stuck)
+        # The call outlasts then(): on a future already done, it would run stuck here.
+        rpc.rpc_async("worker1", funcs.sleep, args=(0.5,)).then(stuck)
         assert running.wait(10)
         started = time.monotonic()
         rpc.shutdown(graceful=False, timeout=1)
