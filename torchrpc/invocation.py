@@ -174,7 +174,12 @@ class InvocationFuture(torch.futures.Future):
             # GIL). If it completed before this thread claimed it, its
             # completion is queued on the callback thread, which may be busy:
             # this thread settles it anyway, unless that thread took it over.
-            inv.call.claim_and_wait()
+            try:
+                inv.call.claim_and_wait()
+            except BaseException:  # Ctrl-C: the callback thread settles it again
+                if inv.call.unclaim():
+                    inv.settle(self)  # it may have passed this call by meanwhile
+                raise
             if not inv.settle(self):
                 break
             inv = self._call()  # the resent call, or None

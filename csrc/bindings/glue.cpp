@@ -2,6 +2,10 @@
 
 #include <torch/csrc/jit/python/pybind_utils.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+
 #include "common/error.h"
 #include "jit_ops/script_rref.h"
 #include "message/tensor_layout.h"
@@ -40,6 +44,59 @@ py::object pyValue(const c10::IValue& value) {
 py::tuple outcome(const c10::ivalue::Future& future) {
   if (future.hasError()) return py::make_tuple(false, errorTuple(future.exception_ptr()));
   return py::make_tuple(true, pyValue(future.constValue()));
+}
+
+namespace {
+
+// Python's main thread, the one that runs signal handlers.
+unsigned long mainThreadIdent() {
+  static const unsigned long ident = [] {
+    py::gil_scoped_acquire gil;
+    return py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+  }();
+  return ident;
+}
+
+// future.wait(), waking every 100 ms to run Python's signal handlers.
+void waitRunningSignalHandlers(c10::ivalue::Future& future) {
+  struct Waiter {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto waiter = std::make_shared<Waiter>();
+  future.addCallback([waiter](c10::ivalue::Future&) {
+    {
+      std::lock_guard<std::mutex> lock(waiter->mutex);
+      waiter->done = true;
+    }
+    waiter->cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(waiter->mutex);
+  while (!waiter->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return waiter->done; })) {
+    lock.unlock();
+    {
+      py::gil_scoped_acquire gil;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace
+
+void Call::wait() const {
+  if (future->completed()) return;  // completion callbacks find it done: they keep the GIL
+  const bool mainThread = PyThread_get_thread_ident() == mainThreadIdent();
+  py::gil_scoped_release nogil;
+  pf::PythonTurn::Pause pause;  // a Python call waiting: others may run
+  if (!mainThread) {
+    torchrpc::common::spinThenWait(*future);
+    return;
+  }
+  static thread_local torchrpc::common::AdaptiveSpin spin;  // as spinThenWait's
+  if (!spin.until([this] { return future->completed(); })) waitRunningSignalHandlers(*future);
+  spin.done();
 }
 
 void Call::callbacksComing() const {

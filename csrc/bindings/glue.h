@@ -59,13 +59,10 @@ struct Call {
   explicit Call(c10::intrusive_ptr<c10::ivalue::Future> f, std::shared_ptr<Settling> s = nullptr)
       : future(std::move(f)), settling(std::move(s)) {}
 
-  // Returns once the call is done: polls, then sleeps, without the GIL.
-  void wait() const {
-    if (future->completed()) return;  // completion callbacks find it done: they keep the GIL
-    py::gil_scoped_release nogil;
-    pf::PythonTurn::Pause pause;  // a Python call waiting: others may run
-    torchrpc::common::spinThenWait(*future);
-  }
+  // Returns once the call is done: polls, then sleeps, without the GIL. On
+  // Python's main thread the sleep wakes to run signal handlers: one that
+  // raises (Ctrl-C) ends the wait with its error (py::error_already_set).
+  void wait() const;
 
   py::tuple result() const {
     wait();
@@ -78,6 +75,14 @@ struct Call {
     if (settling && settling->claimed.exchange(true)) return false;
     wait();
     return true;
+  }
+
+  // Gives up a claim whose wait was interrupted: the runner settles the
+  // Python future again. Returns whether the call is done (the runner may
+  // have passed it by while it was claimed: then the caller settles it).
+  bool unclaim() const {
+    if (settling) settling->claimed.store(false);
+    return future->completed();
   }
 
   // Whether this thread settles the Python future (once per call).

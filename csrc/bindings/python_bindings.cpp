@@ -97,6 +97,7 @@ PYBIND11_MODULE(_C, m) {
       .def("result", &Call::result)
       .def("claim_and_wait", &Call::claimAndWait)
       .def("take_settle", &Call::takeSettle)
+      .def("unclaim", &Call::unclaim)
       .def("callbacks_coming", &Call::callbacksComing)
       .def("done", [](const Call& c) { return c.future->completed(); })
       .def("add_done_callback", &Call::addDoneCallback);

@@ -2,7 +2,9 @@
 addressing, self calls, threads, futures, errors, and GIL-free script
 execution (the values calls carry: test_values.py)."""
 
+import os
 import pickle
+import signal
 import sys
 import threading
 import time
@@ -516,6 +518,39 @@ def test_callbacks_added_before_completion_run_on_the_torchrpc_thread():
     chained = fut.then(lambda f: threads.append(threading.current_thread()) or f.value())
     assert fut.wait() == 0.2 and chained.wait() == 0.2
     assert len(threads) == 2 and threading.main_thread() not in threads
+
+
+def _interrupt_in(seconds):
+    # Ctrl-C, as a terminal sends it to the process, in `seconds`.
+    threading.Timer(seconds, os.kill, args=(os.getpid(), signal.SIGINT)).start()
+
+
+def test_ctrl_c_ends_a_wait_for_a_call():
+    # torch's waits are deaf to it until the call returns or times out.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _interrupt_in(0.3)
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            rpc.rpc_sync("worker1", funcs.sleep, args=(3,))
+        assert time.monotonic() - started < 2
+        # An rpc_async future whose wait was interrupted is still settled:
+        # by the callback thread when no one waits, or by the next wait.
+        fut = rpc.rpc_async("worker1", funcs.sleep, args=(0.8,))
+        _interrupt_in(0.3)
+        with pytest.raises(KeyboardInterrupt):
+            fut.wait()
+        deadline = time.monotonic() + 10
+        while not fut.done() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fut.done() and fut.wait() == 0.8
+        fut = rpc.rpc_async("worker1", funcs.sleep, args=(0.8,))
+        _interrupt_in(0.3)
+        with pytest.raises(KeyboardInterrupt):
+            fut.wait()
+        assert fut.wait() == 0.8
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # ---- errors ---------------------------------------------------------------------------
