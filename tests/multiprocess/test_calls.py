@@ -526,29 +526,31 @@ def _interrupt_in(seconds):
 
 
 def test_ctrl_c_ends_a_wait_for_a_call():
-    # torch's waits are deaf to it until the call returns or times out.
+    # torch's waits are deaf to it until the call returns or times out. Each
+    # call outlasts the interrupt by seconds, also on a loaded machine.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        _interrupt_in(0.3)
         started = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
+            _interrupt_in(0.3)
             rpc.rpc_sync("worker1", funcs.sleep, args=(3,))
         assert time.monotonic() - started < 2
         # An rpc_async future whose wait was interrupted is still settled:
         # by the callback thread when no one waits, or by the next wait.
-        fut = rpc.rpc_async("worker1", funcs.sleep, args=(0.8,))
-        _interrupt_in(0.3)
+        fut = rpc.rpc_async("worker1", funcs.sleep, args=(2,))
         with pytest.raises(KeyboardInterrupt):
+            _interrupt_in(0.3)
             fut.wait()
+        assert not fut.done()
         deadline = time.monotonic() + 10
         while not fut.done() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert fut.done() and fut.wait() == 0.8
-        fut = rpc.rpc_async("worker1", funcs.sleep, args=(0.8,))
-        _interrupt_in(0.3)
+        assert fut.done() and fut.wait() == 2
+        fut = rpc.rpc_async("worker1", funcs.sleep, args=(2,))
         with pytest.raises(KeyboardInterrupt):
+            _interrupt_in(0.3)
             fut.wait()
-        assert fut.wait() == 0.8
+        assert fut.wait() == 2
     finally:
         signal.signal(signal.SIGINT, previous)
 
