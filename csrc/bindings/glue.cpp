@@ -2,6 +2,7 @@
 
 #include <torch/csrc/jit/python/pybind_utils.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -48,13 +49,17 @@ py::tuple outcome(const c10::ivalue::Future& future) {
 
 namespace {
 
-// Python's main thread, the one that runs signal handlers.
+// Python's main thread, the one that runs signal handlers. Called with the
+// GIL. Not a function-local static: its guard would be held across Python
+// calls that may hand the GIL to a thread that then waits on that guard.
 unsigned long mainThreadIdent() {
-  static const unsigned long ident = [] {
-    py::gil_scoped_acquire gil;
-    return py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
-  }();
-  return ident;
+  static std::atomic<unsigned long> ident{0};
+  unsigned long known = ident.load(std::memory_order_relaxed);
+  if (known == 0) {
+    known = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+    ident.store(known, std::memory_order_relaxed);
+  }
+  return known;
 }
 
 // future.wait(), waking every 100 ms to run Python's signal handlers.
