@@ -27,7 +27,7 @@ c10::IValue ownerValue(const rref::OwnerRRef& owner, const rref::RRefContext& ct
   if (!owner.waitValue(seconds)) {
     throw common::RpcError(common::ErrorKind::kTimeout, std::string("RRef.") + what + "(): the value of RRef " +
                                             owner.id().str() + " was not created on " +
-                                            ctx.workerName() + " within " + std::to_string(seconds) +
+                                            ctx.workerName() + " within " + common::secondsText(seconds) +
                                             " s (timeout= argument, default RpcOptions.rpc_timeout)");
   }
   return owner.value()->value();  // rethrows the creation error, which names the owner

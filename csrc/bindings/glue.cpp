@@ -95,13 +95,11 @@ void Call::wait() const {
   const bool mainThread = PyThread_get_thread_ident() == mainThreadIdent();
   py::gil_scoped_release nogil;
   pf::PythonTurn::Pause pause;  // a Python call waiting: others may run
-  if (!mainThread) {
+  if (mainThread) {
+    torchrpc::common::spinThenWait(*future, [this] { waitRunningSignalHandlers(*future); });
+  } else {
     torchrpc::common::spinThenWait(*future);
-    return;
   }
-  static thread_local torchrpc::common::AdaptiveSpin spin;  // as spinThenWait's
-  if (!spin.until([this] { return future->completed(); })) waitRunningSignalHandlers(*future);
-  spin.done();
 }
 
 void Call::callbacksComing() const {

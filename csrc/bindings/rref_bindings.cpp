@@ -64,7 +64,7 @@ void bindRRefs(py::module_& m) {
                if (late) {
                  return py::make_tuple(false, py::make_tuple(static_cast<int>(torchrpc::common::ErrorKind::kTimeout),
                                                              "the value of RRef " + r.id().str() +
-                                                                 " was not created within " + std::to_string(timeout) +
+                                                                 " was not created within " + torchrpc::common::secondsText(timeout) +
                                                                  " s",
                                                              "", ""));
                }

@@ -106,13 +106,19 @@ class AdaptiveSpin {
 
 // Blocks until `future` (anything with completed() and wait(), such as
 // c10::ivalue::Future) is done: polls first, through this thread's
-// AdaptiveSpin, then sleeps. For a thread that waits on its own result
-// (rpc_sync, to_here): without the poll every such wait costs a wake-up.
+// AdaptiveSpin, then sleeps in `block()`. For a thread that waits on its own
+// result (rpc_sync, to_here): without the poll every such wait costs a wake-up.
+template <typename Future, typename Block>
+void spinThenWait(Future& future, Block&& block) {
+  static thread_local AdaptiveSpin spin;  // this thread's waits (of this kind of block)
+  if (!spin.until([&] { return future.completed(); })) block();
+  spin.done();
+}
+
+// The same, sleeping in future.wait().
 template <typename Future>
 void spinThenWait(Future& future) {
-  static thread_local AdaptiveSpin spin;  // this thread's waits
-  if (!spin.until([&] { return future.completed(); })) future.wait();
-  spin.done();
+  spinThenWait(future, [&] { future.wait(); });
 }
 
 }  // namespace torchrpc::common

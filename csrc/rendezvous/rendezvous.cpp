@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "auth/handshake.h"
+#include "common/error.h"
 
 namespace torchrpc::rendezvous {
 
@@ -145,7 +146,7 @@ std::string Rendezvous::lockMembership(const agent::PeerInfo& me, const std::str
     if (std::chrono::steady_clock::now() >= deadline) {
       C10_THROW_ERROR(DistStoreError, "cannot join or leave the job: " + tokenLabel(now) +
                                           " has been joining or leaving it for longer than the rendezvous timeout (" +
-                                          std::to_string(store_->getTimeout().count() / 1000.0) +
+                                          common::secondsText(store_->getTimeout().count() / 1000.0) +
                                           " s) and still answers connections");
     }
     std::this_thread::sleep_for(kTokenPoll);
@@ -207,7 +208,7 @@ std::vector<agent::PeerInfo> Rendezvous::exchange(const agent::PeerInfo& me, con
   } catch (const c10::DistStoreError& e) {
     C10_THROW_ERROR(DistStoreError, "init_rpc on " + me.name + ": not every worker of the job (world_size=" +
                                         std::to_string(worldSize_) + ") joined within the rendezvous timeout of " +
-                                        std::to_string(timeout.count() / 1000.0) + " s (" +
+                                        common::secondsText(timeout.count() / 1000.0) + " s (" +
                                         e.what_without_backtrace() +
                                         "). Start them, with this job's init_method, or raise init_timeout.");
   }

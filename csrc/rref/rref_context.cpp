@@ -369,7 +369,7 @@ void RRefContext::expireLater(const std::shared_ptr<OwnerRRef>& owner) {
     if (!expired) return;  // its creation started meanwhile
     failAwaited(*expired, "torchrpc.errors.RpcTimeoutError",
                 "RRef " + id.str() + " was asked for, but the call that creates it did not reach " +
-                    self->workerName() + " within " + std::to_string(seconds) +
+                    self->workerName() + " within " + common::secondsText(seconds) +
                     " s (the owner's rpc_timeout); was the remote() that makes it sent, and is its sender alive?",
                 self->workerName());
   });

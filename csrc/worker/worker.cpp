@@ -124,7 +124,7 @@ std::exception_ptr Worker::leaveGracefully(double timeoutSeconds, const std::fun
   // others to arrive are unbounded; the steps after the meeting are not.
   const bool limited = timeoutSeconds > 0;
   const double steps = limited ? timeoutSeconds : stepSeconds();
-  const std::string limit = std::to_string(steps) + " s";
+  const std::string limit = common::secondsText(steps) + " s";
   if (size_t left = agent_->waitPending(timeoutSeconds)) {
     return common::makeRpcError(common::ErrorKind::kTimeout, "shutdown on " + me + ": " + std::to_string(left) +
                                                  " call(s) still pending after " + limit);
@@ -166,13 +166,13 @@ std::exception_ptr Worker::leaveGracefully(double timeoutSeconds, const std::fun
     if (phaseSeconds <= 0 || waited < 0.9 * phaseSeconds) {
       return common::makeRpcError(
           common::ErrorKind::kPeerUnreachable,
-          "shutdown on " + me + ": the rendezvous store stopped answering after " + std::to_string(waited) + " s (" +
+          "shutdown on " + me + ": the rendezvous store stopped answering after " + common::secondsText(waited) + " s (" +
               why + "). With tcp:// and env:// rank 0 (" + rrefs_->workerLabel(0) +
               ") hosts it, and it has probably exited without shutdown(); the other workers cannot meet. Shut "
               "them down with shutdown(graceful=False).");
     }
     return common::makeRpcError(common::ErrorKind::kTimeout, "shutdown on " + me + ": not every worker reached shutdown within " +
-                                                                 std::to_string(phaseSeconds) + " s (" + why + ")");
+                                                                 common::secondsText(phaseSeconds) + " s (" + why + ")");
   }
   if (failure) return failure;
   return deadPeersFailure(dead);
@@ -222,7 +222,7 @@ std::exception_ptr Worker::leaveDynamic(double timeoutSeconds, std::vector<rref:
   const std::string& me = agent_->options().name;
   const bool limited = timeoutSeconds > 0;  // as leaveGracefully's
   const double steps = limited ? timeoutSeconds : stepSeconds();
-  const std::string limit = std::to_string(steps) + " s";
+  const std::string limit = common::secondsText(steps) + " s";
   const auto started = std::chrono::steady_clock::now();
   if (size_t left = agent_->waitPending(timeoutSeconds)) {
     return common::makeRpcError(common::ErrorKind::kTimeout, "shutdown on " + me + ": " + std::to_string(left) +

@@ -194,11 +194,13 @@ class Cluster:
         try:
             yield self
         finally:
-            if state.current() is not None:  # a failed test must not leave it to the next
-                rpc.shutdown(graceful=False)
-            self.kill_all()
-            _live.discard(self)
-            self._remove_files()
+            try:
+                if state.current() is not None:  # a failed test must not leave it to the next
+                    rpc.shutdown(graceful=False)
+            finally:  # the workers go even if that shutdown raised
+                self.kill_all()
+                _live.discard(self)
+                self._remove_files()
 
     def _remove_files(self):
         """Deletes the job's folder (worker logs, file:// rendezvous); log()
