@@ -1,6 +1,7 @@
 #include "message/payload.h"
 
 #include "message/pickle_check.h"
+#include "message/plain_codec.h"
 
 #include <torch/csrc/jit/runtime/jit_exception.h>
 #include <ATen/core/function.h>
@@ -97,6 +98,7 @@ Message ivalueMessage(MessageType type, uint64_t id, const c10::IValue& value) {
   Message m;
   m.type = type;
   m.id = id;
+  if (encodePlain(value, m.payload, m.tensors)) return m;
   PickleScope scope;
   std::vector<char> bytes = torch::jit::pickle(value, &m.tensors);
   scope.commit();
@@ -105,6 +107,12 @@ Message ivalueMessage(MessageType type, uint64_t id, const c10::IValue& value) {
 }
 
 c10::IValue messageIValue(const Message& message, std::vector<c10::intrusive_ptr<c10::ivalue::Future>>* awaited) {
+  if (isPlain(message.payload)) {  // nothing in it waits (no objects)
+    c10::IValue value;
+    const std::string bad = decodePlain(message.payload, message.tensors, value);
+    TORCH_CHECK(bad.empty(), "malformed ", messageTypeName(message.type), " payload: ", bad);
+    return value;
+  }
   const std::string bad = checkPickle(message.payload.data(), message.payload.size());
   TORCH_CHECK(bad.empty(), "malformed ", messageTypeName(message.type), " payload: ", bad);
   UnpickleScope scope;

@@ -1,8 +1,9 @@
 #pragma once
 
 // The payload formats that C++ produces and reads: IValues (script and builtin
-// calls, their results) are pickled with torch::jit::pickle, tensors
-// going into the message's tensor list; EXCEPTION carries a fixed tuple. Python
+// calls, their results) in plain_codec.h's form when they are plain values,
+// else pickled with torch::jit::pickle, tensors going into the message's
+// tensor list either way; EXCEPTION carries a fixed tuple. Python
 // calls use Python's own pickle and never pass through here.
 
 #include <ATen/core/ivalue.h>
@@ -15,9 +16,10 @@
 
 namespace torchrpc::message {
 
-// Pickles `value` into a message (inside a PickleScope, see below).
+// Encodes `value` into a message: plain_codec.h's form, or a pickle (inside a
+// PickleScope, see below).
 Message ivalueMessage(MessageType type, uint64_t id, const c10::IValue& value);
-// Unpickles a message (inside an UnpickleScope). Objects of TorchScript custom
+// Decodes a message (a pickle inside an UnpickleScope). Objects of TorchScript custom
 // classes (torch.classes.*) are rebuilt with their class's __setstate__.
 // `awaited`, if given, receives the futures the value must wait for before it
 // is used (UnpickleScope::awaitBeforeUse); without it, nothing waits.

@@ -3,6 +3,8 @@
 // bindings are.
 
 #include <ATen/ops/ones.h>
+#include <torch/csrc/jit/mobile/type_parser.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstring>
@@ -17,6 +19,7 @@
 #include "common/python_held.h"
 #include "common/wait_policy.h"
 #include "autograd/autograd_messages.h"
+#include "message/payload.h"
 #include "message/pickle_check.h"
 #include "message/wire.h"
 #include "rref/rref_context.h"
@@ -34,6 +37,13 @@ using Report = std::optional<std::pair<int64_t, std::vector<int64_t>>>;
 Report toReport(const std::optional<ag::PassReport>& r) {
   if (!r) return std::nullopt;
   return std::make_pair(r->passId, r->children);
+}
+
+// The type an annotation names ("Dict[str, Any]"), as TorchScript's own.
+c10::TypePtr staticType(const std::string& annotation) {
+  c10::TypePtr type = c10::parseType(annotation);
+  if (auto dynamic = type->castRaw<c10::DynamicType>()) return dynamic->fallback();
+  return type;
 }
 
 }  // namespace
@@ -114,6 +124,28 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("check_pickle", [](py::bytes data) {
     std::string bytes(data);
     return torchrpc::message::checkPickle(bytes.data(), bytes.size());
+  });
+
+  // IValue payloads (message/payload.h, plain_codec.h): a Python value as
+  // TorchScript infers its type, encoded; a payload decoded, with its type.
+  // `type` ("Dict[str, Any]"), if given, instead of the inferred one.
+  m.def(
+      "encode_payload",
+      [](py::handle value, const std::string& type) {
+        auto msg = torchrpc::message::ivalueMessage(
+            torchrpc::message::MessageType::kScriptRet, 0,
+            torch::jit::toIValue(value, type.empty() ? c10::AnyType::get() : staticType(type)));
+        return py::make_tuple(py::bytes(msg.payload), msg.tensors);
+      },
+      py::arg("value"), py::arg("type") = "");
+  m.def("decode_payload", [](py::bytes payload, std::vector<at::Tensor> tensors) {
+    torchrpc::message::Message msg{torchrpc::message::MessageType::kScriptRet, 0, std::string(payload),
+                                   std::move(tensors)};
+    c10::IValue value = torchrpc::message::messageIValue(msg);
+    return py::make_tuple(torch::jit::toPyObject(value), value.type()->annotation_str());
+  });
+  m.def("inferred_type", [](py::handle value) {
+    return torch::jit::toIValue(value, c10::AnyType::get()).type()->annotation_str();
   });
 
   // Distributed autograd's binary messages (autograd/autograd_messages.h).
