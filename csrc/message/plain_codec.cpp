@@ -248,7 +248,11 @@ class Decoder {
                                           std::to_string(in_.size() - pos_) + " left");
   }
   // An element count: each element takes at least `bytesEach` bytes.
-  bool count(uint32_t& n, size_t bytesEach) { return u32(n) && need(static_cast<size_t>(n) * bytesEach); }
+  bool count(uint32_t& n, size_t bytesEach) {
+    if (!u32(n)) return false;
+    return static_cast<size_t>(n) * bytesEach <= in_.size() - pos_ ||
+           fail("declares " + std::to_string(n) + " elements, " + std::to_string(in_.size() - pos_) + " bytes left");
+  }
   bool kindByte(uint8_t& kind) { return byte(kind) && (kind < kKinds || fail("unknown kind " + std::to_string(kind))); }
   bool byte(uint8_t& b) {
     if (!need(1)) return false;
@@ -292,6 +296,7 @@ bool isPlain(std::string_view payload) {
 }
 
 std::string decodePlain(std::string_view payload, const std::vector<at::Tensor>& tensors, c10::IValue& value) {
+  if (!isPlain(payload)) return "not a plain payload";
   Decoder decoder(payload, tensors);
   if (decoder.value(value, 0) && decoder.finished()) return "";
   return decoder.error();

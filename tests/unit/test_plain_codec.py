@@ -92,8 +92,8 @@ def u32(n):
 @pytest.mark.parametrize("payload, tensors, why", [
     (PLAIN, [], "declares 1 bytes, 0 left"),
     (PLAIN + b"\x05" + u32(0xFFFFFFF0) + b"ab", [], "declares 4294967280 bytes, 2 left"),
-    (PLAIN + b"\x08\x01" + u32(0xFFFFFFFF), [], "declares 4294967295 bytes, 0 left"),
-    (PLAIN + b"\x09\x04\x00" + u32(1 << 30) + b"\x00" * 8, [], "declares 2147483648 bytes"),
+    (PLAIN + b"\x08\x01" + u32(0xFFFFFFFF), [], "declares 4294967295 elements, 0 bytes left"),
+    (PLAIN + b"\x09\x04\x00" + u32(1 << 30) + b"\x00" * 8, [], "declares 1073741824 elements, 8 bytes left"),
     (PLAIN + b"\x06" + u32(1), [torch.ones(1)], "tensor 1 of 1"),
     (PLAIN + b"\x63", [], "unknown tag 99"),
     (PLAIN + b"\x08\x09" + u32(0), [], "unknown kind 9"),
