@@ -91,9 +91,10 @@ class Encoder {
              all(elements, kind, depth);
     }
     if (v.isGenericDict()) {
+      if (!distinct(v)) return false;  // before the copy below adds a reference
       const auto dict = v.toGenericDict();
       const int key = kindOf(dict.keyType()), value = kindOf(dict.valueType());
-      if ((key != kStrKind && key != kIntKind) || value < 0 || !distinct(v)) return false;
+      if ((key != kStrKind && key != kIntKind) || value < 0) return false;
       if (!byte(kDict) || !byte(key) || !byte(value) || !u32(dict.size())) return false;
       for (const auto& entry : dict) {
         if (!holds(key, entry.key()) || !holds(value, entry.value())) return false;

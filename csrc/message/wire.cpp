@@ -8,6 +8,10 @@
 
 namespace torchrpc::message {
 
+// Bumped whenever a frame or payload changes form, so mixed builds fail at
+// once with a clear error. 4: layout 6 (kShared); 5: plain_codec payloads.
+constexpr uint16_t kWireVersion = 5;
+
 const char* messageTypeName(MessageType t) {
   switch (t) {
     case MessageType::kHello: return "HELLO";

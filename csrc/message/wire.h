@@ -50,7 +50,6 @@
 namespace torchrpc::message {
 
 constexpr uint32_t kFrameMagic = 0x43505254;  // "TRPC"
-constexpr uint16_t kWireVersion = 4;  // 4: layout 6 (kShared)
 constexpr uint64_t kMaxPayloadBytes = 1ull << 31;  // pickles above 2 GB: use tensors
 constexpr uint32_t kMaxTensorsPerFrame = 1u << 16;
 constexpr uint64_t kDefaultMaxFrameBytes = 16ull << 30;  // RpcOptions(max_message_bytes=...)

@@ -21,8 +21,7 @@ import time
 
 from tests.multiprocess import raw_peer
 
-MAGIC = 0x43505254  # message/wire.h kFrameMagic
-VERSION = 4  # kWireVersion
+MAGIC = raw_peer.FRAME_MAGIC
 HEADER = struct.Struct("<IHHQQII")  # magic, version, type, id, payloadLen, numTensors, descLen
 # dtype, ndim, flags, layout code, 3 zero bytes; then as wire.h says: a strided
 # tensor's sizes, strides (flags & STRIDES), nbytes, address (flags & LENT); a
@@ -45,7 +44,7 @@ DTYPE_CODES = {"uint8": 0, "int8": 1, "int16": 2, "int32": 3, "int64": 4, "float
                "float64": 7, "bool": 11}  # c10::ScalarType
 
 
-def header(type_, id_, payload_len, num_tensors=0, desc_len=0, magic=MAGIC, version=VERSION):
+def header(type_, id_, payload_len, num_tensors=0, desc_len=0, magic=MAGIC, version=raw_peer.WIRE_VERSION):
     return HEADER.pack(magic, version, type_, id_, payload_len, num_tensors, desc_len)
 
 
@@ -121,7 +120,7 @@ def read_frame(sock):
 
 def _unpack_header(data):
     magic, version, type_, id_, payload_len, num_tensors, desc_len = HEADER.unpack(data)
-    assert (magic, version) == (MAGIC, VERSION), f"the worker sent a bad header {data!r}"
+    assert (magic, version) == (MAGIC, raw_peer.WIRE_VERSION), f"the worker sent a bad header {data!r}"
     return type_, id_, payload_len, num_tensors, desc_len
 
 

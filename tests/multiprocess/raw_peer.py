@@ -65,7 +65,7 @@ def connect(address, secret, rank, timeout=10):
 
 
 FRAME_MAGIC = 0x43505254  # "TRPC", message/wire.h kFrameMagic
-WIRE_VERSION = 4  # message/wire.h kWireVersion
+WIRE_VERSION = 5  # message/wire.cpp kWireVersion
 _FRAME_HEADER = struct.Struct("<IHHQQII")  # magic, version, type, id, payload, tensors, descriptor bytes
 
 

@@ -12,10 +12,9 @@ import torchrpc as rpc
 from tests.multiprocess import funcs, probes, raw_peer
 from tests.multiprocess.cluster import Cluster
 
-MAGIC = 0x43505254
+MAGIC = raw_peer.FRAME_MAGIC
 HELLO = 1
 LEND_RELEASE = 7  # transport/same_host.h: the connection's own frame
-WIRE_VERSION = 4  # message/wire.h kWireVersion
 
 
 SECRET = b"test-failures-job-secret"
@@ -65,7 +64,7 @@ def _worker1_tcp_address():
     return host, int(port)
 
 
-def _header(type_, payload_len, num_tensors=0, desc_len=0, magic=MAGIC, version=WIRE_VERSION):
+def _header(type_, payload_len, num_tensors=0, desc_len=0, magic=MAGIC, version=raw_peer.WIRE_VERSION):
     return struct.pack("<IHHQQII", magic, version, type_, 0, payload_len, num_tensors, desc_len)
 
 

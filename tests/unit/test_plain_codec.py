@@ -74,6 +74,14 @@ def test_a_tensor_sent_twice_stays_one_tensor():
     assert torch.equal(b, torch.zeros(2))
 
 
+def test_many_containers_held_once_travel_compactly():
+    # Only containers held elsewhere too are tracked for aliasing (up to 256).
+    value = tuple({"k": i} for i in range(300)) + tuple([i] for i in range(300))
+    payload, decoded, _ = roundtrip(value)
+    assert payload.startswith(PLAIN)
+    assert decoded == value
+
+
 def test_deep_nesting_is_pickled_and_refused_from_a_peer():
     value = 1
     for _ in range(70):

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from tests.csrc import hooks
+from tests.multiprocess import raw_peer
 from torchrpc._extension import native
 
 C = native()
 SCRIPT_RET = 20
 HEADER = struct.Struct("<IHHQQII")  # magic, version, type, id, payloadLen, numTensors, descLen
-MAGIC = 0x43505254
-VERSION = 4  # message/wire.h kWireVersion
+MAGIC = raw_peer.FRAME_MAGIC
 
 
 def frame(payload=b"", tensors=(), type_=SCRIPT_RET, id_=7, lend_from=0):
@@ -83,6 +83,8 @@ def corrupt(data, **fields):
     [
         (dict(magic=0xDEADBEEF), "bad frame magic"),
         (dict(version=99), "unsupported wire version 99"),
+        # The build before the compact payloads (plain_codec): its values would not decode.
+        (dict(version=4), "unsupported wire version 4 (this build speaks 5): every worker must run the same"),
         (dict(type=999), "unknown message type 999"),
         (dict(payload=1 << 40), "payload length"),
         (dict(ntensors=1 << 20), "tensors; the limit is"),
@@ -132,7 +134,7 @@ def rss_bytes():
 def declare_float_tensor(numel, id_=7):
     """A frame's header and descriptor for one float32 tensor of numel elements (no data)."""
     desc = struct.pack("<BBHB3xqQ", 6, 1, 0, 0, numel, numel * 4)  # float32, 1 dim, no flags, strided
-    return HEADER.pack(MAGIC, VERSION, SCRIPT_RET, id_, 0, 1, len(desc)) + desc
+    return HEADER.pack(MAGIC, raw_peer.WIRE_VERSION, SCRIPT_RET, id_, 0, 1, len(desc)) + desc
 
 
 def test_a_declared_tensor_costs_memory_only_as_its_bytes_arrive():
