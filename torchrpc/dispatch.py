@@ -256,7 +256,7 @@ class _Python(_Callee):
         return self
 
     def __call__(self, value):
-        result = python_fallback.decode_result(value)
+        result = python_fallback.decode_value(value)
         if self.unconfirmed is not None:  # the callee decoded the whole function: later calls send its hash
             python_fallback.confirm_sent(self.unconfirmed)
         return result

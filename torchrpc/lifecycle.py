@@ -63,7 +63,8 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
         def before_serving(agent, rref_ctx):
             # The Worker's hook: the Python handlers and the session, in place
             # before the first call is served (a call may come at once).
-            agent.set_python_handler(python_fallback.handle_call, python_fallback.handle_remote)
+            agent.set_python_handler(python_fallback.handle_call, python_fallback.handle_remote,
+                                     python_fallback.encode_value)
             agent.set_script_resolver(python_fallback.resolve_script)
             rref_ctx.install_python(python_fallback.encode_value, python_fallback.handle_method)
             for fn, explicit in state.script_names():

@@ -6,8 +6,10 @@ and once a peer has received a function, later calls send only its hash.
 Functions that pickle by reference (importable module-level functions) are
 pickled once and cached; closures and lambdas are pickled on every call, so
 their captured values are always current, and still sent by hash when the
-bytes are unchanged. Arguments and results use Python's pickle, with tensors
-taken out and sent as raw bytes beside it. An object that travels by
+bytes are unchanged. Arguments use Python's pickle, with tensors taken out
+and sent as raw bytes beside it; so do results, except plain ones (tensors,
+numbers, strings, and tuples, lists and dicts of them: plainIValue in
+csrc), which come back as IValues with no pickle either way. An object that travels by
 reference (an RRef) has ``_torchrpc_reference(request_to)``, which returns
 ``(rebuild, fork)``: the pickle carries the fork and names ``rebuild``, which
 makes the object again on the receiver, so this module never imports RRef.
@@ -17,8 +19,9 @@ Types that pickle differently through RPC than elsewhere (RemoteModule)
 register a reducer with :func:`register_reducer`.
 
 Callee side (:func:`handle_call`, run by the native bridge under the GIL):
-unpickle, run, pickle the result, or report the exception with its type,
-message and traceback.
+unpickle, run, hand the result to the bridge (which pickles it with
+:func:`encode_value` unless it is plain), or report the exception with its
+type, message and traceback.
 
 RRef proxies (``rref.rpc_sync().m(x)``) skip pickling when every argument is
 a plain value (python_fallback::plainIValue in csrc): the call travels as
@@ -246,14 +249,16 @@ def forget_sent(dst_rank=None):
 
 
 def decode_result(value):
-    """Decodes a PYTHON_RET value: (payload as uint8 tensor, tensors)."""
+    """Decodes a PYTHON_RET value: (payload as uint8 tensor, tensors).
+    See decode_value for an answer that may be either."""
     payload, tensors = value
     return loads(payload.numpy(), tensors)
 
 
 def decode_value(value):
-    """Decodes an owner's answer with a value (RREF_FETCH, RREF_METHOD_CALL):
-    a 1-tuple holding an IValue, or a PYTHON_RET value."""
+    """Decodes an answer with a Python value (a Python call's, RREF_FETCH,
+    RREF_METHOD_CALL): a 1-tuple holding an IValue (a plain value, which
+    travels without a pickle), or a PYTHON_RET value."""
     if len(value) == 1:
         return value[0]
     return decode_result(value)
@@ -316,7 +321,9 @@ def handle_call(payload, tensors, caller_rank):
 
 
 def _call_outcome(result, name, fn):
-    return _finish(result, name, fn, lambda value: encode_value(value, name))
+    # The bridge sends a plain result as an IValue, and pickles any other
+    # with encode_value (run_python.h valueResponse).
+    return _finish(result, name, fn, lambda value: ("value", value, name))
 
 
 def handle_method(obj, name, args, kwargs):

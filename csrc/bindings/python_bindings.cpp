@@ -252,8 +252,8 @@ PYBIND11_MODULE(_C, m) {
              a.setPeers(std::move(out));
            })
       .def("set_python_handler",
-           [](Agent& a, py::object call, py::object remote) {
-             pf::installPythonHandler(a, std::move(call), std::move(remote));
+           [](Agent& a, py::object call, py::object remote, py::object encoder) {
+             pf::installPythonHandler(a, std::move(call), std::move(remote), std::move(encoder));
            })
       .def("set_script_resolver", [](Agent& a, py::object fn) { pf::installScriptResolver(a, std::move(fn)); })
       .def("register_script",

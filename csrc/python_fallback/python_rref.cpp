@@ -78,7 +78,10 @@ bool gradsRecorded() {
   return c10::GradMode::is_enabled() && autograd::Container::currentId() != -1;
 }
 
-std::optional<c10::IValue> plainIValue(const py::handle& obj, bool grads) {
+std::optional<c10::IValue> plainIValue(const py::handle& obj, bool grads, int depth) {
+  // Deeper values are pickled: the pickler bounds its recursion, and the
+  // compact form (message/plain_codec.h) has a like bound.
+  if (depth > kMaxPlainDepth) return std::nullopt;
   PyObject* p = obj.ptr();
   if (THPVariable_CheckExact(p)) {
     const auto& t = THPVariable_Unpack(p);
@@ -103,7 +106,7 @@ std::optional<c10::IValue> plainIValue(const py::handle& obj, bool grads) {
     std::vector<c10::IValue> items;
     items.reserve(PyTuple_GET_SIZE(p));
     for (auto item : py::reinterpret_borrow<py::tuple>(obj)) {
-      auto v = plainIValue(item, grads);
+      auto v = plainIValue(item, grads, depth + 1);
       if (!v) return std::nullopt;
       items.push_back(std::move(*v));
     }
@@ -116,7 +119,7 @@ std::optional<c10::IValue> plainIValue(const py::handle& obj, bool grads) {
     c10::impl::GenericList out(type);
     out.reserve(list.size());
     for (auto item : list) {
-      auto v = Py_TYPE(item.ptr()) == Py_TYPE(list[0].ptr()) ? plainIValue(item, grads) : std::nullopt;
+      auto v = Py_TYPE(item.ptr()) == Py_TYPE(list[0].ptr()) ? plainIValue(item, grads, depth + 1) : std::nullopt;
       if (!v) return std::nullopt;
       out.push_back(std::move(*v));
     }
@@ -131,7 +134,7 @@ std::optional<c10::IValue> plainIValue(const py::handle& obj, bool grads) {
     for (auto item : dict) {
       if (!PyUnicode_CheckExact(item.first.ptr()) || Py_TYPE(item.second.ptr()) != kind) return std::nullopt;
       auto key = plainString(item.first.ptr());
-      auto v = key ? plainIValue(item.second, grads) : std::nullopt;
+      auto v = key ? plainIValue(item.second, grads, depth + 1) : std::nullopt;
       if (!v) return std::nullopt;
       out.insert(std::move(*key), std::move(*v));
     }
@@ -151,26 +154,15 @@ void installRRefPython(rref::RRefContext& ctx, py::object encoder, py::object me
   const std::string worker = ctx.workerName();
   ctx.setPythonEncoder([encode, worker](uint64_t id, const c10::IValue& value) {
     Gil gil;
-    return pythonResponse((*encode)(py::handle(value.toPyObject())), id, worker);
+    return valueResponse(py::handle(value.toPyObject()), py::str("<value>"), *encode, id, worker);
   });
-  ctx.setPythonMethodRunner([method, encode, worker](uint64_t id, const c10::IValue& object,
+  ctx.setPythonMethodRunner([method, encode, worker](uint64_t /*id*/, const c10::IValue& object,
                                                      const std::string& name, const c10::IValue& args,
                                                      const c10::IValue& kwargs, message::Reply reply) {
-    runAndRespond(
-        worker, reply,
-        [&] {
-          return (*method)(torch::jit::toPyObject(object), name, torch::jit::toPyObject(args),
-                           torch::jit::toPyObject(kwargs));
-        },
-        [&](const py::tuple& out) {
-          // ("value", result, label): a plain result goes as an IValue (a
-          // 1-tuple, as RREF_FETCH answers); anything else is pickled.
-          TORCH_CHECK(out[0].cast<std::string>() == "value", "unknown outcome");
-          if (auto value = plainIValue(out[1], gradsRecorded())) {
-            return message::ivalueMessage(message::MessageType::kScriptRet, id, c10::ivalue::Tuple::create({std::move(*value)}));
-          }
-          return pythonResponse((*encode)(out[1], out[2]), id, worker);
-        });
+    runAndRespond(worker, reply, [&] {
+      return (*method)(torch::jit::toPyObject(object), name, torch::jit::toPyObject(args),
+                       torch::jit::toPyObject(kwargs));
+    }, *encode);
   });
 }
 

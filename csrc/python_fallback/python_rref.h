@@ -34,7 +34,9 @@ c10::IValue pyObjectIValue(pybind11::object obj);
 // The one check of RRef proxies (both ends), and several times cheaper than
 // torch::jit::toIValue(obj, AnyType), which infers a full type first. Needs
 // the GIL.
-std::optional<c10::IValue> plainIValue(const pybind11::handle& obj, bool grads);
+// Containers nested deeper than kMaxPlainDepth are not plain.
+constexpr int kMaxPlainDepth = 64;
+std::optional<c10::IValue> plainIValue(const pybind11::handle& obj, bool grads, int depth = 0);
 
 // Whether a tensor that requires grad, sent from this thread as an IValue,
 // arrives requiring grad: grad mode is on in a distributed autograd context,

@@ -82,8 +82,16 @@ message::Message pythonResponse(const py::handle& outcome, uint64_t id, const st
   return message::exceptionMessage(id, remoteExceptionFrom(out, worker));
 }
 
+message::Message valueResponse(const py::handle& value, const py::handle& label, const py::object& encoder,
+                               uint64_t id, const std::string& worker) {
+  if (auto plain = plainIValue(value, gradsRecorded())) {
+    return message::ivalueMessage(message::MessageType::kScriptRet, id, c10::ivalue::Tuple::create({std::move(*plain)}));
+  }
+  return pythonResponse(encoder(value, label), id, worker);
+}
+
 void runAndRespond(const std::string& worker, const message::Reply& reply, const std::function<py::object()>& handler,
-                   const OutcomeResponse& other, const OnWait& onWait) {
+                   const py::object& encoder, const OnWait& onWait) {
   const uint64_t id = reply.id();
   message::Message response;
   {
@@ -115,11 +123,11 @@ void runAndRespond(const std::string& worker, const message::Reply& reply, const
         onWait(out);
         return;
       }
-      if (kind == "ok" || kind == "err") {
-        response = pythonResponse(out, id, worker);
+      if (kind == "value") {
+        response = valueResponse(out[1], out[2], encoder, id, worker);
       } else {
-        TORCH_CHECK(other, "unknown outcome '", kind, "'");
-        response = other(out);
+        TORCH_CHECK(kind == "ok" || kind == "err", "unknown outcome '", kind, "'");
+        response = pythonResponse(out, id, worker);
       }
     } catch (const std::exception& e) {
       response = bridgeFailure(id, e.what(), worker);
@@ -220,33 +228,35 @@ void whenConfirmed(const py::handle& rrefs, std::function<void()> then) {
 
 // Runs a PYTHON_CALL's handler, or a waiting call's continuation, and answers `reply`.
 void runPythonCall(agent::Agent& agent, const std::string& worker, const message::Reply& reply,
-                   const std::function<py::object()>& handler) {
-  OnWait onWait = [&agent, worker, reply](const py::tuple& out) {
+                   const std::shared_ptr<py::object>& encoder, const std::function<py::object()>& handler) {
+  OnWait onWait = [&agent, worker, reply, encoder](const py::tuple& out) {
     auto run = sharedPyObject(py::reinterpret_borrow<py::object>(out[2]));
-    whenConfirmed(out[1], [&agent, worker, reply, run, scope = agent::CallScope::current()] {
-      agent.continueOnPool(scope, [&agent, worker, reply, run] {
-        runPythonCall(agent, worker, reply, [&] { return (*run)(); });
+    whenConfirmed(out[1], [&agent, worker, reply, encoder, run, scope = agent::CallScope::current()] {
+      agent.continueOnPool(scope, [&agent, worker, reply, encoder, run] {
+        runPythonCall(agent, worker, reply, encoder, [&] { return (*run)(); });
       });
     });
   };
   if (reply.wantsValue()) {
     runForValue(handler, worker, reply, onWait);
   } else {
-    runAndRespond(worker, reply, handler, nullptr, onWait);
+    runAndRespond(worker, reply, handler, *encoder, onWait);
   }
 }
 
 }  // namespace
 
-void installPythonHandler(agent::Agent& agent, py::object call, py::object remote) {
+void installPythonHandler(agent::Agent& agent, py::object call, py::object remote, py::object encoder) {
   auto forCaller = sharedPyObject(std::move(call));
   auto forValue = sharedPyObject(std::move(remote));
+  auto encode = sharedPyObject(std::move(encoder));
   const std::string worker = agent.options().name;
-  agent.setHandler(message::MessageType::kPythonCall,
-                   [&agent, forCaller, forValue, worker](message::Message&& request, int callerRank, message::Reply reply) {
-                     const auto& handler = reply.wantsValue() ? *forValue : *forCaller;
-                     runPythonCall(agent, worker, reply, [&] { return callPythonHandler(handler, request, callerRank); });
-                   });
+  agent.setHandler(message::MessageType::kPythonCall, [&agent, forCaller, forValue, encode, worker](
+                                                          message::Message&& request, int callerRank,
+                                                          message::Reply reply) {
+    const auto& handler = reply.wantsValue() ? *forValue : *forCaller;
+    runPythonCall(agent, worker, reply, encode, [&] { return callPythonHandler(handler, request, callerRank); });
+  });
 }
 
 void installScriptResolver(agent::Agent& agent, py::object resolver) {

@@ -14,9 +14,11 @@ namespace torchrpc::python_fallback {
 
 // The PYTHON_CALL handler. Both Python functions are called as
 // f(payload: memoryview, tensors: list[Tensor], caller_rank: int):
-//   call    for a caller, returns ("ok", payload: bytes, tensors: list[Tensor])
+//   call    for a caller, returns ("value", result, label) (answered as
+//           valueResponse does, with `encoder`), ("ok", payload: bytes,
+//           tensors: list[Tensor]),
 //           or ("err", type: str, message: str, traceback: str, function: str),
-//           or ("async", future of such a tuple);
+//           or ("async", future of an "ok" or "err" tuple);
 //   remote  for an RRef's owner, which keeps the value (a reply that wants
 //           it, see message/reply.h), returns ("ok", value) or the "err"
 //           tuple, or ("async", future of such a tuple).
@@ -24,7 +26,9 @@ namespace torchrpc::python_fallback {
 // arguments hold RRefs that their owners have not confirmed yet. As upstream,
 // it runs once they have: run() then, on the pool and under the call's scope,
 // returns one of the outcomes above (or "wait" again).
-void installPythonHandler(agent::Agent& agent, pybind11::object call, pybind11::object remote);
+// encoder(value, label) pickles what is not plain: ("ok", payload, tensors) or the "err" tuple.
+void installPythonHandler(agent::Agent& agent, pybind11::object call, pybind11::object remote,
+                          pybind11::object encoder);
 
 // resolver(name: str, module_hint: str) -> torch.jit.ScriptFunction | None
 void installScriptResolver(agent::Agent& agent, pybind11::object resolver);
@@ -47,15 +51,20 @@ message::RemoteException remoteExceptionFrom(const pybind11::tuple& outcome, con
 // PYTHON_RET or EXCEPTION. Needs the GIL.
 message::Message pythonResponse(const pybind11::handle& outcome, uint64_t id, const std::string& worker);
 
+// The response carrying a Python value: a plain one (plainIValue) as an
+// IValue, a SCRIPT_RET 1-tuple, with no pickle either way; any other as
+// pythonResponse(encoder(value, label)). Needs the GIL.
+message::Message valueResponse(const pybind11::handle& value, const pybind11::handle& label,
+                               const pybind11::object& encoder, uint64_t id, const std::string& worker);
+
 // Runs `handler` in a Python turn under the GIL and answers `reply` once with
-// its outcome: ("ok", ...) and ("err", ...) at once, ("async", future) when
-// the future (of such an outcome) completes. `other`, if given, makes the
-// response of any other outcome (under the GIL); `onWait`, if given, takes a
-// ("wait", ...) outcome (see installPythonHandler) and answers later; an
-// outcome none of them knows, or an exception, is answered as the bridge's failure.
-using OutcomeResponse = std::function<message::Message(const pybind11::tuple& outcome)>;
+// its outcome: ("value", result, label) (valueResponse with `encoder`),
+// ("ok", ...) and ("err", ...) at once, ("async", future) when the future (of
+// an "ok" or "err" outcome) completes. `onWait`, if given, takes a ("wait",
+// ...) outcome (see installPythonHandler) and answers later; an outcome none
+// of them knows, or an exception, is answered as the bridge's failure.
 using OnWait = std::function<void(const pybind11::tuple& outcome)>;
 void runAndRespond(const std::string& worker, const message::Reply& reply, const std::function<pybind11::object()>& handler,
-                   const OutcomeResponse& other = nullptr, const OnWait& onWait = nullptr);
+                   const pybind11::object& encoder, const OnWait& onWait = nullptr);
 
 }  // namespace torchrpc::python_fallback

@@ -71,7 +71,8 @@ namespace torchrpc::rref {
 class RRefContext : public std::enable_shared_from_this<RRefContext> {
  public:
   using FuturePtr = c10::intrusive_ptr<c10::ivalue::Future>;
-  // Encodes a PyObject IValue as a PYTHON_RET response (takes the GIL).
+  // Encodes a PyObject IValue as a response: SCRIPT_RET if it is plain, else
+  // PYTHON_RET (takes the GIL).
   using PythonEncoder = std::function<message::Message(uint64_t id, const c10::IValue& value)>;
   // Calls method `name` of an owner's value (takes the GIL) and responds,
   // exactly once, with its result or the exception (RREF_METHOD_CALL).

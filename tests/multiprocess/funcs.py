@@ -222,6 +222,14 @@ def storage_nbytes(t):
     return t.untyped_storage().nbytes()
 
 
+def nested(depth):
+    """0 inside `depth` tuples, built on the callee (a caller's pickle would refuse it first)."""
+    value = 0
+    for _ in range(depth):
+        value = (value,)
+    return value
+
+
 def debug_info():
     return rpc.api._debug_info()
 

@@ -45,7 +45,8 @@ def _seeds():
 
 # What worker1 answers each request seed with: (response type, whether an EXCEPTION is right).
 _ANSWERS = {
-    "SCRIPT_CALL": "SCRIPT_RET", "BUILTIN_CALL": "SCRIPT_RET", "PYTHON_CALL": "PYTHON_RET",
+    # py_add(1, 2): a plain result (an int) comes back as an IValue, not a pickle
+    "SCRIPT_CALL": "SCRIPT_RET", "BUILTIN_CALL": "SCRIPT_RET", "PYTHON_CALL": "SCRIPT_RET",
     "REMOTE_CALL": "SCRIPT_RET", "RREF_FETCH": "PYTHON_RET", "RREF_METHOD_CALL": "SCRIPT_RET",
     "RREF_FORK_REQUEST": "SCRIPT_RET", "RREF_CHILD_ACCEPT": "SCRIPT_RET", "RREF_USER_DELETE": "SCRIPT_RET",
     "AUTOGRAD_CALL": "AUTOGRAD_RET", "AUTOGRAD_PASS_DONE": "SCRIPT_RET", "AUTOGRAD_CLEANUP": "SCRIPT_RET",

@@ -2,6 +2,9 @@
 values, every dtype, views and non-contiguous tensors, empty and 0-dim
 tensors, requires_grad, and a tensor over 2 GB."""
 
+import collections
+import math
+
 import pytest
 import torch
 
@@ -27,6 +30,45 @@ NESTED = [
 @pytest.mark.parametrize("value", NESTED, ids=repr)
 def test_python_values_round_trip(value):
     assert rpc.rpc_sync("worker1", funcs.echo, args=(value,)) == value
+
+
+# A Python call's plain results come back as IValues, the rest pickled: either
+# way with the exact types they had (bool is not int, int keys stay ints).
+RESULTS = [
+    2 ** 70, True, -0.0, "\ud800", "ü", (), [], {}, [True, False], [True, 1], [1, 2.5], ["a", "b"],
+    {1: "a"}, {"a": 1, "b": "x"}, {"a": 1.5}, collections.OrderedDict(a=1), ((1,), [2], {"k": (3,)}),
+]
+
+
+@pytest.mark.parametrize("value", RESULTS, ids=repr)
+def test_python_results_keep_their_types(value):
+    out = rpc.rpc_sync("worker2", funcs.echo, args=(value,))
+    assert out == value and type(out) is type(value)
+    if isinstance(value, (list, tuple)):
+        assert [type(v) for v in out] == [type(v) for v in value]
+    if isinstance(value, dict):
+        assert [(type(k), type(v)) for k, v in out.items()] == [(type(k), type(v)) for k, v in value.items()]
+    if isinstance(value, float):
+        assert math.copysign(1, out) == -1
+
+
+def test_python_tensor_results_keep_requires_grad_and_sharing():
+    t = torch.ones(3, requires_grad=True)
+    out = rpc.rpc_sync("worker2", funcs.echo, args=(t,))
+    assert out.requires_grad and torch.equal(out, t)
+    a, b = rpc.rpc_sync("worker2", funcs.echo, args=((torch.zeros(2), torch.zeros(2)),))
+    shared_a, shared_b = rpc.rpc_sync("worker2", funcs.echo, args=((t.detach(),) * 2,))
+    a.add_(1)
+    shared_a.add_(1)
+    assert torch.equal(b, torch.zeros(2)) and torch.equal(shared_b, shared_a)
+
+
+def test_deeply_nested_python_results():
+    assert rpc.rpc_sync("worker2", funcs.nested, args=(200,)) == funcs.nested(200)
+    # Too deep for the pickle: an error that says so, and the worker lives on.
+    with pytest.raises(Exception, match="cannot be pickled"):
+        rpc.rpc_sync("worker2", funcs.nested, args=(200_000,))
+    assert rpc.rpc_sync("worker2", funcs.echo, args=(1,)) == 1
 
 
 def test_nested_tensors_round_trip():

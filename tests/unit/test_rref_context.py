@@ -30,7 +30,8 @@ class World:
         for a in self.agents:
             a.set_peers(peers)
         for a in self.agents:
-            a.set_python_handler(python_fallback.handle_call, python_fallback.handle_remote)
+            a.set_python_handler(python_fallback.handle_call, python_fallback.handle_remote,
+                                 python_fallback.encode_value)
         self.ctx = [C.RRefContext(a, python_fallback.encode_value, python_fallback.handle_method)
                     for a in self.agents]
         for a in self.agents:
@@ -61,7 +62,7 @@ def world():
 def fetch(ctx, handle):
     ok, value = ctx.fetch(handle, 10.0).result()
     assert ok, value
-    return value[0] if len(value) == 1 else python_fallback.decode_result(value)
+    return python_fallback.decode_value(value)
 
 
 def test_owner_forks_to_a_user_confirmed_at_once(world):
