@@ -271,12 +271,12 @@ class _Python(_Callee):
                 f"{session.me.name} runs with RpcOptions(script_only=True), which sends and takes no pickle; "
                 "decorate it with @torch.jit.script or call a builtin"
             )
-        payload, tensors, name, forks, self.unconfirmed = python_fallback.encode_call(
+        message, name, forks, self.unconfirmed = python_fallback.encode_call(
             self.target, dst.id, args, kwargs, force_full=again or remote, request=not remote)
         if torch.autograd._profiler_enabled():
             # The profiler names the call's range after it, as upstream: by __qualname__.
             name = getattr(self.target, "__qualname__", name)
-        return native().python_message(payload, tensors), name, forks
+        return message, name, forks
 
 
 def _to_script_values(value):

@@ -6,10 +6,11 @@ and once a peer has received a function, later calls send only its hash.
 Functions that pickle by reference (importable module-level functions) are
 pickled once and cached; closures and lambdas are pickled on every call, so
 their captured values are always current, and still sent by hash when the
-bytes are unchanged. Arguments use Python's pickle, with tensors taken out
-and sent as raw bytes beside it; so do results, except plain ones (tensors,
-numbers, strings, and tuples, lists and dicts of them: plainIValue in
-csrc), which come back as IValues with no pickle either way. An object that travels by
+bytes are unchanged. Arguments and results use Python's pickle, with
+tensors taken out and sent as raw bytes beside it, except plain ones
+(tensors, numbers, strings, and tuples, lists and dicts of them:
+plainIValue in csrc), which travel as IValues with no pickle either way:
+results always, arguments once the function goes by hash. An object that travels by
 reference (an RRef) has ``_torchrpc_reference(request_to)``, which returns
 ``(rebuild, fork)``: the pickle carries the fork and names ``rebuild``, which
 makes the object again on the receiver, so this module never imports RRef.
@@ -42,6 +43,7 @@ import cloudpickle
 import torch
 
 from torchrpc import callables, errors, functions, log, state
+from torchrpc._extension import native
 
 
 _lock = threading.Lock()
@@ -212,24 +214,37 @@ def loads(data, tensors, awaited=None):
 # ---- caller side -------------------------------------------------------------
 
 def encode_call(fn, dst_rank, args, kwargs, force_full=False, request=True):
-    """Returns (payload, tensors, name, forks, unconfirmed) for a call of fn on
+    """Returns (message, name, forks, unconfirmed) for a call of fn on
     dst_rank. `request`: the answer to this message proves the callee decoded
     it (an rpc_sync/rpc_async call; not remote(), whose answer may come first).
     `unconfirmed`: the (peer, hash) to pass to confirm_sent once that answer
     came, if the function travels in full; until then every call sends it in
     full, so a call that overtakes the first never names a hash the callee
-    lacks (its resend would record a second send in an autograd context)."""
+    lacks (its resend would record a second send in an autograd context).
+    A call by hash whose arguments are all plain travels as IValues, with no
+    pickle (python_fallback::plainPythonCallMessage in csrc)."""
     digest, data = callables.pickle_function(fn)
     key = (dst_rank, digest)
     with _lock:
         full = force_full or key not in _sent
     name = callables.function_name(fn)
+    if not full:
+        message = native().plain_python_message(digest, name, args, kwargs)
+        if message is not None:
+            return message, name, (), None
+    payload, tensors, forks = pickled_call(digest, data if full else None, name, args, kwargs,
+                                           dst_rank if request else -1)
+    return native().python_message(payload, tensors), name, forks, key if full and request else None
+
+
+def pickled_call(digest, data, name, args, kwargs, request_to=-1):
+    """(payload, tensors, forks) of a PYTHON_CALL's pickle: the function's
+    hash, its pickle_function bytes (None to send the hash alone), its name
+    and the arguments."""
     try:
-        payload, tensors, forks = dumps((digest, data if full else None, name, args, kwargs),
-                                        dst_rank if request else -1)
+        return dumps((digest, data, name, args, kwargs), request_to)
     except Exception as err:
         raise _pickling_error(err, f"cannot send the arguments of {name!r}: pickling failed: {err}") from err
-    return payload, tensors, name, forks, key if full and request else None
 
 
 def confirm_sent(key):
@@ -420,7 +435,8 @@ def _run(payload, tensors, outcome):
     name = "<python call>"
     awaited = []
     try:
-        digest, data, name, args, kwargs = loads(payload, tensors, awaited)
+        # A plain call (callPythonHandler in csrc) comes decoded, without tensors.
+        digest, data, name, args, kwargs = payload if tensors is None else loads(payload, tensors, awaited)
         if data is not None:
             fn = callables.load_function(data, name)
             with _lock:

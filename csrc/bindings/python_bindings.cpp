@@ -209,6 +209,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("python_message", [](const py::bytes& payload, std::vector<at::Tensor> tensors) {
     return messageCapsule(pf::pythonCallMessage(payload, std::move(tensors)));
   });
+  // The call as IValues, or None when an argument needs a pickle.
+  m.def("plain_python_message",
+        [](const py::bytes& digest, const std::string& name, const py::tuple& args,
+           const py::dict& kwargs) -> std::optional<py::capsule> {
+          auto message = pf::plainPythonCallMessage(digest, name, args, kwargs);
+          if (!message) return std::nullopt;
+          return messageCapsule(std::move(*message));
+        });
 
   py::class_<Agent, std::shared_ptr<Agent>>(m, "Agent")
       .def(py::init([](const torchrpc::agent::AgentOptions& o) { return std::make_shared<Agent>(o); }),

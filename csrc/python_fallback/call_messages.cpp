@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "jit_ops/rpc_ops.h"
+#include "message/plain_codec.h"
 #include "python_fallback/python_rref.h"
 #include "rref/rref_messages.h"
 #include "script_dispatch/run_script.h"
@@ -138,8 +139,11 @@ message::Message pythonCallMessage(const py::bytes& payload, std::vector<at::Ten
   return message::Message{message::MessageType::kPythonCall, 0, std::string(payload), std::move(tensors)};
 }
 
-std::optional<message::Message> methodCallMessage(const rref::RRefId& rrefId, const std::string& name, const py::tuple& args,
-                                         const py::dict& kwargs) {
+namespace {
+
+// (args, kwargs) as IValues when every argument is plain (plainIValue).
+std::optional<std::pair<c10::IValue, c10::impl::GenericDict>> plainArguments(const py::tuple& args,
+                                                                             const py::dict& kwargs) {
   const bool grads = gradsRecorded();
   auto argValues = plainIValue(args, grads);
   if (!argValues) return std::nullopt;
@@ -149,7 +153,29 @@ std::optional<message::Message> methodCallMessage(const rref::RRefId& rrefId, co
     if (!v) return std::nullopt;
     kwValues.insert(py::cast<std::string>(item.first), std::move(*v));
   }
-  return rref::methodCallMessage(rrefId, name, std::move(*argValues), std::move(kwValues));
+  return std::make_pair(std::move(*argValues), std::move(kwValues));
+}
+
+}  // namespace
+
+std::optional<message::Message> plainPythonCallMessage(const py::bytes& digest, const std::string& name,
+                                                       const py::tuple& args, const py::dict& kwargs) {
+  auto plain = plainArguments(args, kwargs);
+  if (!plain) return std::nullopt;
+  auto message = message::ivalueMessage(message::MessageType::kPythonCall, 0,
+                                        c10::ivalue::Tuple::create({std::string(digest), name, std::move(plain->first),
+                                                                    std::move(plain->second)}));
+  // Values the compact form does not keep (the same tensor twice) came out as
+  // torch's pickle, which the callee would take for Python's: pickle them.
+  if (!message::isPlain(message.payload)) return std::nullopt;
+  return message;
+}
+
+std::optional<message::Message> methodCallMessage(const rref::RRefId& rrefId, const std::string& name, const py::tuple& args,
+                                         const py::dict& kwargs) {
+  auto plain = plainArguments(args, kwargs);
+  if (!plain) return std::nullopt;
+  return rref::methodCallMessage(rrefId, name, std::move(plain->first), std::move(plain->second));
 }
 
 }  // namespace torchrpc::python_fallback

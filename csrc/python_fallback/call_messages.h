@@ -41,6 +41,12 @@ message::Message builtinCallMessage(const std::string& opName, const pybind11::t
 // A PYTHON_CALL: a pickle of (function, arguments) and the tensors it left out.
 message::Message pythonCallMessage(const pybind11::bytes& payload, std::vector<at::Tensor> tensors);
 
+// A PYTHON_CALL of a function the callee has (by its hash, `digest`) whose
+// arguments are all plain (plainIValue): (digest, name, args, kwargs) as
+// IValues, in the compact form, with no pickle; nullopt when one is not.
+std::optional<message::Message> plainPythonCallMessage(const pybind11::bytes& digest, const std::string& name,
+                                                       const pybind11::tuple& args, const pybind11::dict& kwargs);
+
 // An RREF_METHOD_CALL of rref's value's method `name`, when every argument is
 // plain (plainIValue); nullopt when one is not (the caller then pickles).
 std::optional<message::Message> methodCallMessage(const rref::RRefId& rrefId, const std::string& name,

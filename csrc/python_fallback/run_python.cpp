@@ -8,6 +8,7 @@
 
 #include "common/when_all.h"
 #include "message/payload.h"
+#include "message/plain_codec.h"
 #include "python_fallback/python_rref.h"
 #include "rref/rref.h"
 
@@ -27,7 +28,26 @@ std::shared_ptr<py::object> sharedPyObject(py::object obj) {
   });
 }
 
+namespace {
+
+// A plain PYTHON_CALL (plainPythonCallMessage) as the handler's decoded call,
+// (digest: bytes, None, name, args, kwargs); a peer's malformed one is refused.
+py::tuple plainCall(message::Message& request) {
+  const c10::IValue call = message::messageIValue(request);
+  request.tensors.clear();  // `call` holds them, and Python once converted (see below)
+  const auto el = call.isTuple() ? call.toTupleRef().elements().asArrayRef() : c10::ArrayRef<c10::IValue>();
+  TORCH_CHECK(el.size() == 4 && el[0].isString() && el[1].isString() && el[2].isTuple() && el[3].isGenericDict() &&
+                  el[3].toGenericDict().keyType()->kind() == c10::TypeKind::StringType,
+              "malformed PYTHON_CALL payload: expected (digest: str, name: str, args: tuple, kwargs: Dict[str, Any]),"
+              " got ", call.type()->repr_str());
+  return py::make_tuple(py::bytes(el[0].toStringRef()), py::none(), el[1].toStringRef(),
+                        torch::jit::toPyObject(el[2]), torch::jit::toPyObject(el[3]));
+}
+
+}  // namespace
+
 py::tuple callPythonHandler(const py::object& handler, message::Message& request, int callerRank) {
+  if (message::isPlain(request.payload)) return handler(plainCall(request), py::none(), callerRank);
   py::list tensors;
   for (auto& t : request.tensors) tensors.append(py::cast(t));
   // Python's objects own them now: a reference left in the request would be

@@ -13,7 +13,9 @@
 namespace torchrpc::python_fallback {
 
 // The PYTHON_CALL handler. Both Python functions are called as
-// f(payload: memoryview, tensors: list[Tensor], caller_rank: int):
+// f(payload: memoryview, tensors: list[Tensor], caller_rank: int), or for a
+// plain call as f((digest, None, name, args, kwargs), None, caller_rank)
+// (callPythonHandler):
 //   call    for a caller, returns ("value", result, label) (answered as
 //           valueResponse does, with `encoder`), ("ok", payload: bytes,
 //           tensors: list[Tensor]),
@@ -41,7 +43,9 @@ std::shared_ptr<script_dispatch::Callee> calleeFromPython(const pybind11::handle
 std::shared_ptr<pybind11::object> sharedPyObject(pybind11::object obj);
 
 // Calls handler(payload as memoryview, tensors, caller_rank), as every
-// Python handler is called (the payload is viewed, not copied). Needs the GIL.
+// Python handler is called (the payload is viewed, not copied); a plain
+// call (plainPythonCallMessage) as handler((digest, None, name, args,
+// kwargs), None, caller_rank). Needs the GIL.
 pybind11::tuple callPythonHandler(const pybind11::object& handler, message::Message& request, int callerRank);
 
 // The exception of a handler's ("err", type, message, traceback, function).

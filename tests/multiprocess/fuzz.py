@@ -200,7 +200,7 @@ def _autograd_envelope(inner_type, context_id, tensors):
 def seed_frames(me, python_call, python_object):
     """Valid frames of every message type in message_type.h, sent as rank
     `me`, with request ids 1..N. python_call and python_object: (payload,
-    tensors) of PYTHON_CALLs (torchrpc.python_fallback.encode_call) of a
+    tensors) of PYTHON_CALLs (torchrpc.python_fallback.pickled_call) of a
     harmless function and of a constructor of an object with a method
     bump(int), for the RRef the frames create. Returns [(type name, frame)]."""
     import torch

@@ -130,3 +130,29 @@ def test_slow_reader_makes_the_sender_wait(job):
     assert issued >= 1.0, f"256 MB were queued in {issued:.2f} s while the reader was stopped"
     assert grew < (128 << 20), f"the sender's memory grew by {grew >> 20} MB"
     assert [f.wait() for f in futs] == [16 << 20] * 16
+
+
+PYTHON_CALL, EXCEPTION = 12, 29  # message/message_type.h
+
+
+@pytest.mark.parametrize("call, type, why", [
+    (("digest", "f"), "", "expected (digest: str, name: str, args: tuple"),
+    (("digest", "f", [1], {}), "Tuple[str, str, List[int], Dict[str, Any]]", "got Tuple[str, str, List[int]"),
+    (("digest", "f", (), {1: 2}), "", "kwargs: Dict[str, Any]), got"),
+    (("digest", "f", (1,), {"k": 1}), "", "is not cached here"),
+], ids=["short", "list-args", "int-keys", "unknown-function"])
+def test_a_malformed_plain_python_call_gets_an_error(job, call, type, why):
+    """A Python call by hash with plain arguments travels as IValues
+    (plainPythonCallMessage); one a peer got wrong is answered with what is
+    wrong, and the worker serves on."""
+    from tests.csrc import hooks
+
+    payload, tensors = hooks().encode_payload(call, type)
+    assert payload.startswith(b"\0P") and not tensors
+    with raw_peer.connect(_worker1_tcp_address(), SECRET, rank=0) as s:
+        s.settimeout(10)
+        s.sendall(raw_peer.frame(PYTHON_CALL, 5, payload))
+        type_, request_id, answer = raw_peer.read_frame(s)
+    assert (type_, request_id) == (EXCEPTION, 5)
+    assert why in hooks().decode_payload(answer, [])[0][1]
+    assert rpc.rpc_sync("worker1", funcs.py_add, args=(1, 2)) == 3

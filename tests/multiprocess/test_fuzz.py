@@ -17,7 +17,7 @@ import time
 import pytest
 
 import torchrpc as rpc
-from torchrpc import python_fallback
+from torchrpc import callables, python_fallback
 from tests.multiprocess import funcs, fuzz, probes, raw_peer
 from tests.multiprocess.cluster import ROOT, Cluster
 
@@ -38,7 +38,8 @@ def job():
 
 def _seeds():
     def python_call(fn, args):
-        return python_fallback.encode_call(fn, 1, args, {}, force_full=True)[:2]
+        digest, data = callables.pickle_function(fn)
+        return python_fallback.pickled_call(digest, data, callables.function_name(fn), args, {}, 1)[:2]
 
     return fuzz.seed_frames(FUZZ_RANK, python_call(funcs.py_add, (1, 2)), python_call(funcs.Counter, (5,)))
 

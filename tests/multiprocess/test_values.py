@@ -65,6 +65,9 @@ def test_python_tensor_results_keep_requires_grad_and_sharing():
 
 def test_deeply_nested_python_results():
     assert rpc.rpc_sync("worker2", funcs.nested, args=(200,)) == funcs.nested(200)
+    # Arguments around the compact form's depth bound, once echo goes by hash.
+    for depth in (60, 62, 64, 70, 70):
+        assert rpc.rpc_sync("worker2", funcs.echo, args=(funcs.nested(depth),)) == funcs.nested(depth)
     # Too deep for the pickle: an error that says so, and the worker lives on.
     with pytest.raises(Exception, match="cannot be pickled"):
         rpc.rpc_sync("worker2", funcs.nested, args=(200_000,))
