@@ -135,6 +135,19 @@ def test_slow_reader_makes_the_sender_wait(job):
 PYTHON_CALL, EXCEPTION = 12, 29  # message/message_type.h
 
 
+def _plain_call_error(payload):
+    """The EXCEPTION text worker1 answers a raw PYTHON_CALL with; it then still serves."""
+    from tests.csrc import hooks
+
+    with raw_peer.connect(_worker1_tcp_address(), SECRET, rank=0) as s:
+        s.settimeout(10)
+        s.sendall(raw_peer.frame(PYTHON_CALL, 5, payload))
+        type_, request_id, answer = raw_peer.read_frame(s)
+    assert (type_, request_id) == (EXCEPTION, 5)
+    assert rpc.rpc_sync("worker1", funcs.py_add, args=(1, 2)) == 3
+    return hooks().decode_payload(answer, [])[0][1]
+
+
 @pytest.mark.parametrize("call, type, why", [
     (("digest", "f"), "", "expected (digest: str, name: str, args: tuple"),
     (("digest", "f", [1], {}), "Tuple[str, str, List[int], Dict[str, Any]]", "got Tuple[str, str, List[int]"),
@@ -149,10 +162,13 @@ def test_a_malformed_plain_python_call_gets_an_error(job, call, type, why):
 
     payload, tensors = hooks().encode_payload(call, type)
     assert payload.startswith(b"\0P") and not tensors
-    with raw_peer.connect(_worker1_tcp_address(), SECRET, rank=0) as s:
-        s.settimeout(10)
-        s.sendall(raw_peer.frame(PYTHON_CALL, 5, payload))
-        type_, request_id, answer = raw_peer.read_frame(s)
-    assert (type_, request_id) == (EXCEPTION, 5)
-    assert why in hooks().decode_payload(answer, [])[0][1]
-    assert rpc.rpc_sync("worker1", funcs.py_add, args=(1, 2)) == 3
+    assert why in _plain_call_error(payload)
+
+
+def test_a_plain_python_call_with_bad_utf8_gets_an_error(job):
+    from tests.csrc import hooks
+
+    payload, _ = hooks().encode_payload(("digest", "f", ("x",), {"k": 1}), "")
+    name = struct.pack("<I", 1) + b"f"
+    assert payload.count(name) == 1
+    assert "decode" in _plain_call_error(payload.replace(name, struct.pack("<I", 1) + b"\xff"))

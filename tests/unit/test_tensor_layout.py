@@ -12,8 +12,9 @@ import struct
 import pytest
 import torch
 
+from tests.multiprocess import raw_peer
 from tests.multiprocess.layout_funcs import components
-from tests.unit.test_wire import HEADER, MAGIC, SCRIPT_RET, VERSION, frame, parse, parse_with_lent
+from tests.unit.test_wire import HEADER, MAGIC, SCRIPT_RET, frame, parse, parse_with_lent
 
 DESC = struct.Struct("<BBHB3x")  # dtype, ndim, flags, layout code, 3 reserved bytes
 LENT, STRIDES, COALESCED = 1, 2, 4
@@ -169,7 +170,7 @@ def strided_desc(dtype, sizes, data, strides=None, flags=0):
 def hand_frame(descs, buffers):
     """A SCRIPT_RET frame of these tensor descriptors and buffer bytes."""
     desc = b"".join(descs)
-    return HEADER.pack(MAGIC, VERSION, SCRIPT_RET, 7, 0, len(descs), len(desc)) + desc + b"".join(buffers)
+    return HEADER.pack(MAGIC, raw_peer.WIRE_VERSION, SCRIPT_RET, 7, 0, len(descs), len(desc)) + desc + b"".join(buffers)
 
 
 def sparse_desc(code, dtype, sizes, parts, flags=0):
