@@ -10,10 +10,11 @@ bytes are unchanged. Arguments and results use Python's pickle, with
 tensors taken out and sent as raw bytes beside it, except plain ones
 (tensors, numbers, strings, and tuples, lists and dicts of them:
 plainIValue in csrc), which travel as IValues with no pickle either way:
-results always, arguments once the function goes by hash. An object that travels by
-reference (an RRef) has ``_torchrpc_reference(request_to)``, which returns
-``(rebuild, fork)``: the pickle carries the fork and names ``rebuild``, which
-makes the object again on the receiver, so this module never imports RRef.
+results always, arguments once the function goes by hash. An object that
+travels by reference (an RRef) has ``_torchrpc_reference(request_to)``,
+which returns ``(rebuild, fork)``: the pickle carries the fork and names
+``rebuild``, which makes the object again on the receiver, so this module
+never imports RRef.
 There its ``_torchrpc_unconfirmed()`` names what a call that received it
 waits for before it runs (an RRef that its owner has not confirmed yet).
 Types that pickle differently through RPC than elsewhere (RemoteModule)

@@ -34,7 +34,7 @@ namespace {
 // (digest: bytes, None, name, args, kwargs); a peer's malformed one is refused.
 py::tuple plainCall(message::Message& request) {
   const c10::IValue call = message::messageIValue(request);
-  request.tensors.clear();  // `call` holds them, and Python once converted (see below)
+  request.tensors.clear();  // `call` holds them, then Python's objects (as callPythonHandler's)
   const auto el = call.isTuple() ? call.toTupleRef().elements().asArrayRef() : c10::ArrayRef<c10::IValue>();
   TORCH_CHECK(el.size() == 4 && el[0].isString() && el[1].isString() && el[2].isTuple() && el[3].isGenericDict() &&
                   el[3].toGenericDict().keyType()->kind() == c10::TypeKind::StringType,
