@@ -149,7 +149,7 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIMEO
         >>> torchrpc.rpc_sync("worker1", torch.add, args=(torch.ones(2), 3))
         tensor([4., 4.])
     """
-    return dispatch.invoke("rpc_sync", to, func, args, kwargs, timeout).wait()
+    return dispatch.call_sync(to, func, args, kwargs, timeout)
 
 
 def rpc_async(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIMEOUT):

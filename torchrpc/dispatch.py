@@ -28,6 +28,29 @@ def invoke(call_kind, to, func, args=None, kwargs=None, timeout=constants.UNSET_
     Returns:
         An Invocation; for "remote", the new RRef's native handle.
     """
+    callee, session, dst, args, kwargs, seconds = _prepare(call_kind, to, func, args, kwargs, timeout)
+    return _with_script_values(_start, callee, call_kind, session, dst, args, kwargs, seconds)
+
+
+def call_sync(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIMEOUT):
+    """rpc_sync: ``invoke("rpc_sync", ...).wait()``, with the call sent and
+    waited for in one native call (no Invocation) unless its message
+    carries RRefs to release when the callee answers."""
+    callee, session, dst, args, kwargs, seconds = _prepare("rpc_sync", to, func, args, kwargs, timeout)
+    message, function, forks = _with_script_values(_build, callee, "rpc_sync", session, dst, args, kwargs, seconds)
+    if forks:
+        return _send(callee, "rpc_sync", session, dst, args, kwargs, seconds, message, function, forks).wait()
+    ok, value = session.agent.call(dst.id, message, seconds, "rpc_sync", function)
+    if ok:
+        return callee.decode(value)
+    if value[2] == errors.UnknownFunctionError.REMOTE_TYPE and callee.resends:
+        return _start(callee, "rpc_sync", session, dst, args, kwargs, seconds, again=True).wait()
+    raise errors.from_native(value)
+
+
+def _prepare(call_kind, to, func, args, kwargs, timeout):
+    """(callee, session, destination WorkerInfo, args tuple, kwargs dict,
+    timeout seconds) of a call, checked."""
     session = state.require()
     dst = session.resolve(to, call_kind)
     seconds = session.timeout(timeout, call_kind)
@@ -39,10 +62,15 @@ def invoke(call_kind, to, func, args=None, kwargs=None, timeout=constants.UNSET_
         kwargs = {}
     elif not isinstance(kwargs, dict):
         raise TypeError(f"{call_kind}(kwargs=...) expects a dict; got {type(kwargs).__name__}")
-    args = tuple(args)
-    callee = classify(call_kind, func)
+    return classify(call_kind, func), session, dst, tuple(args), kwargs, seconds
+
+
+def _with_script_values(start, callee, call_kind, session, dst, args, kwargs, seconds):
+    """start(callee, call_kind, session, dst, args, kwargs, seconds), tried
+    once more with the RRefs among the arguments as TorchScript objects if
+    it failed and the callee takes those."""
     try:
-        return _start(callee, call_kind, session, dst, args, kwargs, seconds)
+        return start(callee, call_kind, session, dst, args, kwargs, seconds)
     except (TypeError, RuntimeError) as err:
         # TorchScript and builtin callees take an RRef as its TorchScript object
         # (torch.classes.torchrpc.RRef): converted here, after the first attempt
@@ -54,19 +82,28 @@ def invoke(call_kind, to, func, args=None, kwargs=None, timeout=constants.UNSET_
             raise
         args, kwargs = converted
         try:
-            return _start(callee, call_kind, session, dst, args, kwargs, seconds)
+            return start(callee, call_kind, session, dst, args, kwargs, seconds)
         except (TypeError, RuntimeError) as again:
             raise again from err
+
+
+def _build(callee, call_kind, session, dst, args, kwargs, seconds, again=False):
+    """The call's (message, function name, RRef forks the message carries)."""
+    return callee.build(call_kind, dst, args, kwargs, call_kind == "remote", again)
 
 
 def _start(callee, call_kind, session, dst, args, kwargs, seconds, again=False):
     """Builds the call's message once, then sends it or makes it a remote().
     `again`: the resend of a call whose callee lacked the function (with its
     code, or its whole pickle)."""
-    remote = call_kind == "remote"
-    message, function, forks = callee.build(call_kind, dst, args, kwargs, remote, again)
+    message, function, forks = _build(callee, call_kind, session, dst, args, kwargs, seconds, again)
+    return _send(callee, call_kind, session, dst, args, kwargs, seconds, message, function, forks, again)
+
+
+def _send(callee, call_kind, session, dst, args, kwargs, seconds, message, function, forks, again=False):
+    """Sends a built message, or makes it a remote(): an Invocation, or the new RRef's native handle."""
     try:
-        if remote:
+        if call_kind == "remote":
             return session.rref_ctx.remote(dst.id, message, seconds, function)
         call = session.agent.send(dst.id, message, seconds, call_kind, function)
     except BaseException:

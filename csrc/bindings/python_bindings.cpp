@@ -276,6 +276,11 @@ PYBIND11_MODULE(_C, m) {
       .def("send",
            [](Agent& a, int dst, const py::capsule& msg, double timeout, const std::string& kind,
               const std::string& function) { return send(a, dst, takeMessage(msg), timeout, kind, function); })
+      // rpc_sync's send and wait in one native call: Call.result() of the
+      // sent message, with no Python object for the call in between.
+      .def("call",
+           [](Agent& a, int dst, const py::capsule& msg, double timeout, const std::string& kind,
+              const std::string& function) { return send(a, dst, takeMessage(msg), timeout, kind, function).result(); })
       .def("start_serving", &Agent::startServing)
       .def("wait_pending", &Agent::waitPending, py::call_guard<py::gil_scoped_release>())
       .def("shutdown", &Agent::shutdown, py::call_guard<py::gil_scoped_release>())

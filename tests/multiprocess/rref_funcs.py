@@ -158,6 +158,16 @@ def script_local_value(rref: rpc.RRef) -> torch.Tensor:
 
 
 @torch.jit.script
+def script_bump_then_raise(rref: rpc.RRef) -> torch.Tensor:
+    """Adds 1 to the RRef's tensor on its owner, then raises a RuntimeError."""
+    value = _tensor(rref.local_value())
+    value.add_(1)
+    if bool(value.sum() > -1.0):
+        raise RuntimeError("bumped, then raised")
+    return value
+
+
+@torch.jit.script
 def script_remote_then_fetch(owner: str, x: torch.Tensor, timeout: float = -1.0) -> torch.Tensor:
     rref = rpc.remote(owner, "tests.add_with_default", args=(x, x), kwargs={"scale": 2.0})
     return _tensor(rref.to_here(timeout))

@@ -106,6 +106,15 @@ def test_python_rref_as_argument_of_a_script_call_to_the_owner():
     assert rpc.rpc_sync("worker1", "tests.script_to_here", args=(rref,)).equal(X + X)  # by name
 
 
+def test_a_script_call_with_an_rref_argument_that_raises_runs_once():
+    # The Python RRef is retried as its TorchScript object only when building
+    # the message failed on it; the callee's own RuntimeError must not send it again.
+    counter = rpc.remote("worker1", torch.zeros, args=([3],))
+    with pytest.raises(RuntimeError, match="bumped, then raised"):
+        rpc.rpc_sync("worker1", rref_funcs.script_bump_then_raise, args=(counter,))
+    assert torch.equal(counter.to_here(), torch.ones(3))
+
+
 def test_rref_as_argument_of_a_script_call_to_a_third_worker():
     rref = rpc.remote("worker1", funcs.add, args=(X, X))
     assert rpc.rpc_sync("worker2", rref_funcs.script_rref_info, args=(rref,)) == ("worker1", False)
