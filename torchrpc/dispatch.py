@@ -44,7 +44,7 @@ def call_sync(to, func, args=None, kwargs=None, timeout=constants.UNSET_RPC_TIME
     if ok:
         return callee.decode(value)
     if value[2] == errors.UnknownFunctionError.REMOTE_TYPE and callee.resends:
-        return _start(callee, "rpc_sync", session, dst, args, kwargs, seconds, again=True).wait()
+        return _with_script_values(_start_again, callee, "rpc_sync", session, dst, args, kwargs, seconds).wait()
     raise errors.from_native(value)
 
 
@@ -98,6 +98,11 @@ def _start(callee, call_kind, session, dst, args, kwargs, seconds, again=False):
     code, or its whole pickle)."""
     message, function, forks = _build(callee, call_kind, session, dst, args, kwargs, seconds, again)
     return _send(callee, call_kind, session, dst, args, kwargs, seconds, message, function, forks, again)
+
+
+def _start_again(callee, call_kind, session, dst, args, kwargs, seconds):
+    """_start of the resend of a call whose callee lacked the function."""
+    return _start(callee, call_kind, session, dst, args, kwargs, seconds, again=True)
 
 
 def _send(callee, call_kind, session, dst, args, kwargs, seconds, message, function, forks, again=False):

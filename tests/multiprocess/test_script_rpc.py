@@ -212,6 +212,7 @@ def test_saved_module_loads_in_a_fresh_process(tmp_path):
 
 SHIPPED_SOURCE = '''
 import torch
+import torchrpc
 
 @torch.jit.script
 def helper(x: torch.Tensor) -> torch.Tensor:
@@ -220,6 +221,12 @@ def helper(x: torch.Tensor) -> torch.Tensor:
 @torch.jit.script
 def shipped(x: torch.Tensor, k: int = 2) -> torch.Tensor:
     return helper(x) + k
+
+@torch.jit.script
+def fetch_times(rref: torchrpc.RRef, k: float) -> torch.Tensor:
+    value = rref.to_here()
+    assert isinstance(value, torch.Tensor)
+    return value * k
 '''
 
 
@@ -247,6 +254,13 @@ def test_unseen_script_function_is_shipped_once_and_cached(unseen):
         assert torch.equal(rpc.rpc_sync("worker1", unseen.shipped, args=(X,), kwargs={"k": k}), X * 7 + k)
     assert torch.equal(rpc.rpc_async("worker2", unseen.shipped, args=(X, 5)).wait(), X * 7 + 5)
     assert [n for n in rpc.rpc_sync("worker1", funcs.debug_info)["script_functions"] if n.startswith("sha1:")] == shipped
+
+
+def test_unseen_script_function_with_a_python_rref_argument_is_shipped(unseen):
+    # The first try sends the RRef as its TorchScript object, by name; the
+    # resend with the code, after the callee lacked it, converts it again.
+    rref = rpc.remote("worker1", torch.add, args=(X, 1))
+    assert torch.equal(rpc.rpc_sync("worker2", unseen.fetch_times, args=(rref, 3.0)), (X + 1) * 3)
 
 
 def test_unseen_script_function_inside_python_arguments_fails_clearly(unseen):
