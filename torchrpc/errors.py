@@ -127,6 +127,41 @@ def _remote_exception(message, remote_type, remote_traceback):
     return exc
 
 
+# Attributes that C exception types keep outside __dict__ (StopIteration,
+# SystemExit, ImportError, OSError, SyntaxError, UnicodeError, ...).
+_SLOT_ATTRIBUTES = ("value", "code", "name", "path", "msg", "errno", "strerror", "filename", "filename2",
+                    "lineno", "offset", "text", "end_lineno", "end_offset", "encoding", "object", "start",
+                    "end", "reason", "characters_written")
+
+
+def raised_copy(exc):
+    """A copy of `exc` to raise in its place: its type, args, attributes,
+    cause and context, and no traceback; `exc` itself if it cannot be copied.
+
+    A future failed with a Python exception raises such a copy from each
+    wait() (csrc/python_fallback/callback_runner.cpp): raising the stored
+    object itself would append the waiting frames to its traceback, and the
+    future, which holds it in C++ where the garbage collector cannot see,
+    would keep those frames, and all they reference, alive for good."""
+    cls = type(exc)
+    try:
+        copy = cls.__new__(cls, *exc.args)
+        copy.args = exc.args
+        copy.__dict__.update(exc.__dict__)
+    except Exception:  # a type whose __new__ wants other arguments
+        return exc
+    for name in _SLOT_ATTRIBUTES:
+        if name not in exc.__dict__ and hasattr(exc, name):
+            try:
+                setattr(copy, name, getattr(exc, name))
+            except (AttributeError, TypeError):
+                pass
+    copy.__cause__ = exc.__cause__
+    copy.__context__ = exc.__context__
+    copy.__suppress_context__ = exc.__suppress_context__
+    return copy
+
+
 def from_native(info):
     """Builds the exception for an error reported by the native core.
 

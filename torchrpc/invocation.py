@@ -1,6 +1,7 @@
 """A call in flight on the caller: :class:`Invocation` (what rpc_sync waits
 on) and :class:`InvocationFuture` (what rpc_async returns)."""
 
+import traceback
 import weakref
 
 import torch
@@ -237,7 +238,13 @@ def _chain(parent, callback):
             value = callback(done)
         except Exception as exc:  # as torch's then reports it (a RuntimeError), caused by exc
             error = RuntimeError(f"Got the following error when running the callback: {type(exc).__name__}: {exc}")
-            error.__cause__ = exc
+            # The callback's traceback as text: its frames, and the frames
+            # that called them (perhaps the waiting thread's own), would stay
+            # alive for as long as `child` holds `error`, in C++, where the
+            # garbage collector cannot see.
+            exc.add_note("Callback traceback (most recent call last):\n" +
+                         "".join(traceback.format_tb(exc.__traceback__.tb_next)).rstrip())
+            error.__cause__ = exc.with_traceback(None)
             _fail(child, error)
             return
         child.set_result(value)

@@ -91,6 +91,7 @@ PYBIND11_MODULE(_C, m) {
   torchrpc::common::setGilCheck([] { return PyGILState_Check() != 0; });
   m.doc() = "torchrpc native core (internal; use the torchrpc package)";
   py::register_local_exception_translator(translateErrors);
+  pf::registerFutureErrorTranslator();  // a failed Python future raises a copy of its error
   torchrpc::bindings::bindTorchBackend(m);  // the TORCHRPC backend (torch_backend_bindings.cpp)
 
   py::class_<Call>(m, "Call")

@@ -259,12 +259,52 @@ bool CallbackRunner::stop(double timeoutSeconds) {
   return false;
 }
 
+namespace {
+
+// The error of a future that Python failed (setFutureError). Each wait()
+// raises a copy of its exception (torchrpc.errors.raised_copy): raising the
+// stored object would append the waiting frames to its traceback, and the
+// future, holding it here where Python's collector cannot see, would keep
+// them alive. Upstream's futures fail with C++ errors, which each wait()
+// turns into a new exception. Code that catches python_error restores the
+// stored exception itself.
+struct StoredPythonError : ::python_error {};
+
+void raiseCopy(const StoredPythonError& error) {
+  if (error.value == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, error.what());
+    return;
+  }
+  pybind11::object raised;
+  try {
+    raised = pybind11::module_::import("torchrpc.errors").attr("raised_copy")(pybind11::handle(error.value));
+  } catch (const pybind11::error_already_set&) {
+    raised = pybind11::reinterpret_borrow<pybind11::object>(error.value);
+  }
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(raised.ptr())), raised.ptr());
+}
+
+}  // namespace
+
+void registerFutureErrorTranslator() {
+  // Global, not local to this module: torch's bindings (Future.wait, value,
+  // wait_all) are what raise these errors.
+  pybind11::register_exception_translator([](std::exception_ptr error) {
+    if (!error) return;
+    try {
+      std::rethrow_exception(error);
+    } catch (const StoredPythonError& e) {
+      raiseCopy(e);
+    }
+  });
+}
+
 void setFutureError(pybind11::handle future, pybind11::handle exception) {
   auto wrapper = pybind11::cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>(future);
   // A python_error, unlike pybind11's error_already_set, can be raised again
   // by each wait() of the future.
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exception.ptr())), exception.ptr());
-  ::python_error error;
+  StoredPythonError error;
   error.persist();
   pybind11::gil_scoped_release release;  // the future's callbacks take the GIL themselves
   wrapper->fut->setError(std::make_exception_ptr(std::move(error)));

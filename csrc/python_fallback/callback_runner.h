@@ -40,6 +40,8 @@ namespace torchrpc::python_fallback {
 // stop at the first error. (Future.set_exception only stores the exception
 // as a value that wait() raises, which collect_all cannot see.) GIL held.
 void setFutureError(pybind11::handle future, pybind11::handle exception);
+// Makes each raise of such an error a copy of its exception; once, at module init.
+void registerFutureErrorTranslator();
 
 class CallbackRunner {
  public:

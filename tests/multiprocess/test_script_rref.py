@@ -106,12 +106,17 @@ def test_python_rref_as_argument_of_a_script_call_to_the_owner():
     assert rpc.rpc_sync("worker1", "tests.script_to_here", args=(rref,)).equal(X + X)  # by name
 
 
-def test_a_script_call_with_an_rref_argument_that_raises_runs_once():
+@pytest.mark.parametrize("kind", ["rpc_sync", "rpc_async"])
+def test_a_script_call_with_an_rref_argument_that_raises_runs_once(kind):
     # The Python RRef is retried as its TorchScript object only when building
-    # the message failed on it; the callee's own RuntimeError must not send it again.
+    # the message failed on it; the callee's own RuntimeError must not send it
+    # again. (rpc_async: the failed future must not keep this frame, and so
+    # `counter`, alive: the module's leak check.)
     counter = rpc.remote("worker1", torch.zeros, args=([3],))
     with pytest.raises(RuntimeError, match="bumped, then raised"):
-        rpc.rpc_sync("worker1", rref_funcs.script_bump_then_raise, args=(counter,))
+        out = getattr(rpc, kind)("worker1", rref_funcs.script_bump_then_raise, args=(counter,))
+        if kind == "rpc_async":
+            out.wait()
     assert torch.equal(counter.to_here(), torch.ones(3))
 
 
