@@ -38,7 +38,7 @@ def _wait_in_a_frame(make_future, wait, markers):
 
 
 def _remote_error():
-    return errors.from_native((3, "no such key", "KeyError", "Traceback (most recent call last): ..."))
+    return errors.from_native((errors._KIND_REMOTE, "no such key", "KeyError", "Traceback (most recent call last): ..."))
 
 
 def _chained_failure():
