@@ -253,7 +253,8 @@ def register(name, fn):
     send the name instead of its qualified name (which TorchScript may mangle
     when a function is redefined). A scripted module is served by its
     ``forward``, without the GIL. Call it on every worker that serves (or
-    sends) the name, before or after init_rpc.
+    sends) the name, before or after init_rpc. Each name given is served;
+    callers passing the function send the last one.
 
     An exported program (``torch.export.export(...)``) is compiled with
     AOTInductor once and cached on disk by content hash (see

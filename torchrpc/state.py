@@ -162,7 +162,8 @@ def _ranges(ranks):
 _session = None
 # Held by init_rpc and shutdown while they install, close or clear the session.
 lock = threading.Lock()
-_script_names = {}  # ScriptFunction or ScriptModule -> name given to torchrpc.register
+_script_names = {}  # ScriptFunction or ScriptModule -> the name callers send for it (the last registered)
+_registered_scripts = {}  # name given to torchrpc.register -> what it runs (the last given)
 # Changes whenever register() or async_execution() changes what a caller
 # derives from a function (torchrpc.dispatch caches that by function).
 callees_generation = 0
@@ -232,8 +233,14 @@ def callbacks():
 
 
 def register_script(name, fn):
-    """Records the name callers use for `fn`, and tells the running agent."""
+    """Records the name callers use for `fn` and what `name` runs, and tells
+    the running agent. Every name given stays served; a name given to
+    another function no longer stands for the one it named before."""
+    before = _registered_scripts.get(name)
+    if before is not None and before is not fn and _script_names.get(before) == name:
+        del _script_names[before]  # sent by its own name again, not one that runs another function
     _script_names[fn] = name
+    _registered_scripts[name] = fn
     callees_changed()
     session = _session
     if session is not None:
@@ -260,5 +267,5 @@ def script_name(fn):
 
 
 def script_names():
-    """(fn, name) of every registered function, for a new session's agent."""
-    return list(_script_names.items())
+    """(fn, name) of every registered name, for a new session's agent."""
+    return [(fn, name) for name, fn in _registered_scripts.items()]

@@ -84,6 +84,16 @@ def add_with_default(a: torch.Tensor, b: torch.Tensor, scale: float = 1.0) -> to
 
 
 rpc.register("tests.add_with_default", add_with_default)
+
+
+@torch.jit.script
+def times_four(x: torch.Tensor) -> torch.Tensor:
+    return x * 4
+
+
+# One function under two names, both before init_rpc: both are served.
+rpc.register("tests.times_four", times_four)
+rpc.register("tests.quadruple", times_four)
 rpc.register("tests.busy", busy)
 
 

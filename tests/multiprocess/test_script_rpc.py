@@ -38,6 +38,12 @@ def test_call_by_name_fills_defaults_and_kwargs():
                        (X + X) * 3)
 
 
+def test_a_function_registered_under_two_names_is_served_under_both():
+    for name in ("tests.times_four", "tests.quadruple"):
+        assert torch.equal(rpc.rpc_sync("worker1", name, args=(X,)), X * 4)
+    assert torch.equal(rpc.rpc_sync("worker1", funcs.times_four, args=(X,)), X * 4)
+
+
 def test_call_by_qualified_name():
     assert torch.equal(rpc.rpc_sync("worker2", funcs.triple.qualified_name, args=(X,)), X * 3)
 

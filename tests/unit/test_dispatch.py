@@ -26,8 +26,36 @@ def test_a_script_function_is_called_by_the_name_registered_after_its_first_call
     try:
         assert dispatch.classify("rpc_sync", _double).name == "test_dispatch.double"
     finally:
-        state._script_names.pop(_double, None)
-        state.callees_changed()
+        _unregister("test_dispatch.double")
+
+
+def _unregister(*names):
+    for name in names:
+        state._script_names.pop(state._registered_scripts.pop(name), None)
+    state.callees_changed()
+
+
+def test_a_name_given_to_another_function_no_longer_sends_the_first():
+    torchrpc.register("test_dispatch.f", _double)
+    torchrpc.register("test_dispatch.f", _triple)
+    try:
+        assert dispatch.classify("rpc_sync", _double).name == _double.qualified_name  # not the name that runs _triple
+        assert dispatch.classify("rpc_sync", _triple).name == "test_dispatch.f"
+        assert ("test_dispatch.f", _triple) in [(name, fn) for fn, name in state.script_names()]
+        assert _double not in [fn for fn, _ in state.script_names()]
+    finally:
+        _unregister("test_dispatch.f")
+
+
+def test_every_name_of_a_function_registered_twice_is_served():
+    torchrpc.register("test_dispatch.a", _double)
+    torchrpc.register("test_dispatch.b", _double)
+    try:
+        served = [(name, fn) for fn, name in state.script_names()]
+        assert ("test_dispatch.a", _double) in served and ("test_dispatch.b", _double) in served
+        assert dispatch.classify("rpc_sync", _double).name == "test_dispatch.b"  # the last name given
+    finally:
+        _unregister("test_dispatch.a", "test_dispatch.b")
 
 
 def test_async_execution_marked_after_a_call_is_seen_by_the_next():
