@@ -33,6 +33,11 @@ class Callee {
   // resumed through `launcher` instead of blocking a pool thread.
   virtual c10::intrusive_ptr<c10::ivalue::Future> runAsync(torch::jit::Stack& stack,
                                                            TaskLauncher launcher) = 0;
+  // Runs to the end on this thread, leaving the result on `stack`, and
+  // returns true if the callee can never suspend (no fork, wait, RPC or
+  // Future in it): no Future, no callback. Returns false, running nothing,
+  // otherwise: then runAsync.
+  virtual bool runHere(torch::jit::Stack& /*stack*/) { return false; }
 };
 
 // A TorchScript function. Keeps its compilation unit alive.

@@ -1,6 +1,8 @@
 #include "script_dispatch/registry.h"
 
 #include <torch/csrc/jit/api/compilation_unit.h>
+#include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/runtime/operator.h>
 
@@ -8,25 +10,72 @@ namespace torchrpc::script_dispatch {
 
 namespace {
 
+bool holdsAsyncValue(const c10::TypePtr& type) {
+  if (type->kind() == c10::TypeKind::FutureType || type->kind() == c10::TypeKind::AwaitType ||
+      type->kind() == c10::TypeKind::RRefType) {
+    return true;
+  }
+  for (const auto& contained : type->containedTypes()) {
+    if (holdsAsyncValue(contained)) return true;
+  }
+  return false;
+}
+
+// Whether running the block can suspend the interpreter or hand work to
+// another thread: a fork or a wait, any op outside aten and prim (torchrpc's
+// RPC ops among them), a call the inliner left, a Future, Await or RRef.
+bool maySuspend(const torch::jit::Block* block) {
+  namespace jit = torch::jit;
+  for (const jit::Node* node : block->nodes()) {
+    const c10::Symbol kind = node->kind();
+    if ((!kind.is_aten() && !kind.is_prim()) || kind == jit::prim::fork || kind == jit::prim::forkClosure ||
+        kind == jit::aten::wait || kind == jit::prim::awaitable || kind == jit::prim::CallFunction ||
+        kind == jit::prim::CallMethod || kind == jit::prim::PythonOp || node->hasAttribute(jit::attr::Subgraph)) {
+      return true;
+    }
+    for (const jit::Value* v : node->inputs()) {
+      if (holdsAsyncValue(v->type())) return true;
+    }
+    for (const jit::Value* v : node->outputs()) {
+      if (holdsAsyncValue(v->type())) return true;
+    }
+    for (const jit::Block* inner : node->blocks()) {
+      if (maySuspend(inner)) return true;
+    }
+  }
+  return false;
+}
+
+// The function's graph as it runs (calls inlined).
+bool maySuspend(torch::jit::Function& fn) {
+  return maySuspend(torch::jit::toGraphFunction(fn).optimized_graph()->block());
+}
+
 class ScriptFunctionCallee final : public Callee {
  public:
   ScriptFunctionCallee(std::shared_ptr<torch::jit::CompilationUnit> cu, torch::jit::Function* fn)
-      : cu_(std::move(cu)), fn_(fn) {}
+      : cu_(std::move(cu)), fn_(fn), runsHere_(!maySuspend(*fn)) {}
   const c10::FunctionSchema& schema() const override { return fn_->getSchema(); }
   c10::intrusive_ptr<c10::ivalue::Future> runAsync(torch::jit::Stack& stack,
                                                    TaskLauncher launcher) override {
     return fn_->runAsync(stack, std::move(launcher));
   }
+  bool runHere(torch::jit::Stack& stack) override {
+    if (!runsHere_) return false;
+    fn_->run(stack);
+    return true;
+  }
 
  private:
   std::shared_ptr<torch::jit::CompilationUnit> cu_;
   torch::jit::Function* fn_;
+  const bool runsHere_;
 };
 
 class ModuleMethodCallee final : public Callee {
  public:
   ModuleMethodCallee(torch::jit::Module module, const std::string& method)
-      : module_(std::move(module)), method_(module_.get_method(method)) {
+      : module_(std::move(module)), method_(module_.get_method(method)), runsHere_(!maySuspend(method_.function())) {
     const auto& full = method_.function().getSchema();
     std::vector<c10::Argument> args(full.arguments().begin() + 1, full.arguments().end());
     schema_ = std::make_unique<c10::FunctionSchema>(full.cloneWithArguments(std::move(args)));
@@ -37,10 +86,17 @@ class ModuleMethodCallee final : public Callee {
     stack.insert(stack.begin(), module_._ivalue());
     return method_.function().runAsync(stack, std::move(launcher));
   }
+  bool runHere(torch::jit::Stack& stack) override {
+    if (!runsHere_) return false;
+    stack.insert(stack.begin(), module_._ivalue());
+    method_.function().run(stack);
+    return true;
+  }
 
  private:
   torch::jit::Module module_;
   torch::jit::Method method_;
+  const bool runsHere_;
   std::unique_ptr<c10::FunctionSchema> schema_;
 };
 

@@ -163,13 +163,18 @@ void runDecoded(message::MessageType type, const c10::intrusive_ptr<c10::ivalue:
     torch::jit::Stack stack = stackOf(el[2]);
     normalizeInputs(callee->schema(), stack, el.at(3).toGenericDict(), function, worker, callee.get());
     DispatchScope scope;
+    const bool asyncExecution = el.size() > 5 && el[5].toBool();
+    if (!asyncExecution && callee->runHere(stack)) {
+      reply.value(resultOf(stack, callee->schema().returns().size()), function);
+      return;
+    }
     auto done = callee->runAsync(stack, [launcher](std::function<void()> fn) {
       launcher([fn = std::move(fn)] {
         DispatchScope scope;
         fn();
       });
     });
-    if (el.size() > 5 && el[5].toBool()) done = requireFuture(std::move(done), function, worker);
+    if (asyncExecution) done = requireFuture(std::move(done), function, worker);
     replyWhenDone(std::move(done), function, worker, reply);
   } catch (...) {
     reply.error(message::describeException(std::current_exception(), function, worker));

@@ -138,6 +138,21 @@ def script_nested(me: str, other: str, x: torch.Tensor) -> torch.Tensor:
 rpc.register("tests.script_calls_async", script_calls_async)
 
 
+@torch.jit.script
+def _calls_back(me: str, other: str, x: torch.Tensor) -> torch.Tensor:
+    out = rpc.rpc_async(other, "tests.script_calls_async", args=(me, x)).wait()
+    assert isinstance(out, torch.Tensor)
+    return out
+
+
+@torch.jit.script
+def script_forks_nested(me: str, other: str, x: torch.Tensor) -> torch.Tensor:
+    """Runs on `me`: forks a task that calls `other`, which calls `me` back,
+    and waits for the task: on one pool thread, only if waiting frees it."""
+    task = torch.jit._fork(_calls_back, me, other, x)
+    return torch.jit._wait(task) + 1
+
+
 # ---- Python callees (run under the GIL) -------------------------------------
 
 

@@ -89,6 +89,12 @@ def test_nested_calls_on_one_thread_per_worker_do_not_deadlock():
     assert all(torch.equal(f.wait(), X + X + 1) for f in futs)
 
 
+def test_a_forked_nested_call_on_one_thread_per_worker_does_not_deadlock():
+    # worker1 forks a task that calls worker2, which calls worker1 back, and waits for the task
+    out = rpc.rpc_sync("worker1", funcs.script_forks_nested, args=("worker1", "worker2", X), timeout=20)
+    assert torch.equal(out, X + X + 1)
+
+
 def test_errors_inside_scripted_callers():
     with pytest.raises(Exception, match="(?s)TypeError: calling 'tests.add'.*argument 'b'.*worker1"):
         torch.jit.script(_bad_call)("worker1", X)
