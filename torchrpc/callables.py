@@ -11,6 +11,7 @@ import types
 import cloudpickle
 
 from torchrpc import errors
+from torchrpc._extension import native
 
 _lock = threading.Lock()
 _by_reference_cache = {}  # function -> (hash, bytes)
@@ -59,6 +60,7 @@ class _MainReference:
                 f"{self.qualname!r} is a function of the caller's __main__ script, which this worker's __main__ "
                 f"lacks, and the caller could not send a copy ({self.why_no_copy}): run the same script on "
                 "every worker, or make what the function uses picklable")
+        check_received(self.by_value, f"the copy of {self.qualname!r}")
         return cloudpickle.loads(self.by_value)
 
 
@@ -102,8 +104,18 @@ def pickle_function(fn):
     return entry
 
 
+def check_received(data, what):
+    """Refuses a peer's pickle whose declared lengths or memo indices run
+    past its end, before Python's unpickler reads it: that, as torch's,
+    allocates what they declare (csrc/message/pickle_check.h)."""
+    problem = native().check_pickle(data)
+    if problem:
+        raise pickle.UnpicklingError(f"{what}: {problem}")
+
+
 def load_function(data, name):
     """The callable in `data` (pickle_function's bytes), on the callee."""
+    check_received(data, f"the pickle of {name!r}")
     try:
         fn = cloudpickle.loads(data)
     except AttributeError as err:  # pickled by reference; the callee's module lacks it

@@ -17,6 +17,7 @@
 #include "bindings/glue.h"
 #include "common/error.h"
 #include "common/wait_policy.h"
+#include "message/pickle_check.h"
 #include "message/receive_buffers.h"
 #include "optim/optimizer.h"
 #include "profiling/profiler.h"
@@ -206,6 +207,11 @@ PYBIND11_MODULE(_C, m) {
     std::string schemaName;
     py::capsule out = messageCapsule(pf::builtinCallMessage(opName, args, kwargs, &schemaName));
     return py::make_tuple(std::move(out), schemaName);
+  });
+  // "" if a peer's pickle may be unpickled, else what is wrong with it.
+  m.def("check_pickle", [](const py::buffer& data) {
+    py::buffer_info info = data.request();
+    return torchrpc::message::checkPickle(static_cast<const char*>(info.ptr), info.size * info.itemsize);
   });
   m.def("python_message", [](const py::bytes& payload, std::vector<at::Tensor> tensors) {
     return messageCapsule(pf::pythonCallMessage(payload, std::move(tensors)));

@@ -51,7 +51,7 @@ std::string checkPickle(const char* data, size_t size) {
       case 'q': fixed = 1; memoPut = true; break;
       case 'r': fixed = 4; memoPut = true; break;
       case 'F': case 'I': case 'L': case 'P': case 'S': case 'V': case 'g': line = true; break;
-      case 'p': line = true; ++memoized; break;
+      case 'p': line = true; memoPut = true; break;  // PUT, its index in decimal
       case 'c': case 'i': lines2 = true; break;
       case 'U': case 'C': case 0x8a: case 0x8c: prefix = 1; break;
       case 'T': case 'X': case 'B': case 0x8b: prefix = 4; break;
@@ -79,10 +79,25 @@ std::string checkPickle(const char* data, size_t size) {
       }
       pos += prefix + length;
     } else if (line || lines2) {
+      const size_t argument = pos;
       for (int n = lines2 ? 2 : 1; n > 0; --n) {
         const void* nl = std::memchr(data + pos, '\n', size - pos);
         if (nl == nullptr) return "pickle ends inside a line argument" + at(start);
         pos = static_cast<const char*>(nl) - data + 1;
+      }
+      if (memoPut) {
+        uint64_t index = 0;
+        size_t digits = 0;
+        for (size_t i = argument; i + 1 < pos; ++i, ++digits) {
+          if (data[i] < '0' || data[i] > '9' || digits >= 19) return "pickle memo index is not a number" + at(start);
+          index = index * 10 + static_cast<uint64_t>(data[i] - '0');
+        }
+        if (digits == 0) return "pickle memo index is not a number" + at(start);
+        if (index > memoized) {
+          return "pickle memo index " + std::to_string(index) + " skips ahead of the " + std::to_string(memoized) +
+                 " entries memoized" + at(start);
+        }
+        ++memoized;
       }
     }
   }

@@ -1,10 +1,12 @@
 #pragma once
 
-// A bounds check of a peer's pickle, before torch's unpickler reads it.
+// A bounds check of a peer's pickle, before torch's unpickler or Python's
+// reads it.
 //
 // torch::jit::Unpickler trusts the lengths a pickle declares: a string
 // opcode declaring 4 GB makes it zero-fill 4 GB before it finds the data
-// missing, and a memo index of 4e9 makes it grow its memo to match. A payload
+// missing, and a memo index of 4e9 makes it grow its memo to match (Python's
+// C unpickler grows its memo the same way). A payload
 // of a few bytes could so hold a pool thread and gigabytes. This walks the
 // opcodes once (no allocation) and refuses a pickle whose declared lengths
 // run past its end, whose memo indices jump ahead of the memo, or that uses

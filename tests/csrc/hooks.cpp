@@ -121,11 +121,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     }), reader->error());
   });
 
-  m.def("check_pickle", [](py::bytes data) {
-    std::string bytes(data);
-    return torchrpc::message::checkPickle(bytes.data(), bytes.size());
-  });
-
   // IValue payloads (message/payload.h, plain_codec.h): a Python value as
   // TorchScript infers its type, encoded; a payload decoded, with its type.
   // `type` ("Dict[str, Any]"), if given, instead of the inferred one.

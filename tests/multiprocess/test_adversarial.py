@@ -7,6 +7,7 @@ before, and its memory, open files, CPU and log stay bounded."""
 import os
 import resource
 import socket
+import struct
 import time
 import types
 
@@ -109,6 +110,23 @@ def test_an_unauthenticated_pickle_never_runs(job, target, tmp_path):
         assert _closed_within(s, 15), "the worker kept an unauthenticated connection that sent a frame"
     _still_serves(job, target, "an unauthenticated pickle")  # its log is written by now
     assert not marker.exists()
+
+
+def test_a_pickle_that_would_grow_pythons_memo_is_answered_at_once(job, target):
+    """A Python call whose pickle first puts memo entry 101317043 (the wire
+    fuzzer made it from a real call): Python's unpickler would grow its memo
+    to that many entries, 1.6 GB and seconds of a pool thread under the GIL,
+    before it read on. The worker answers an error without unpickling it."""
+    rss = probes.rss_bytes(target.pid)
+    bomb = b"\x80\x05N" + b"r" + struct.pack("<I", 101_317_043) + b"."
+    with raw_peer.connect(target.address, SECRET, rank=0) as s:
+        s.settimeout(20)
+        s.sendall(fuzz.frame(fuzz.TYPES["PYTHON_CALL"], 1, bomb))
+        type_, id_, answer = fuzz.read_frame(s)
+    assert (type_, id_) == (fuzz.TYPES["EXCEPTION"], 1)
+    assert b"memo index 101317043 skips ahead" in answer
+    assert probes.rss_bytes(target.pid) - rss < 200 * MB
+    _still_serves(job, target, "a pickle that would grow Python's memo")
 
 
 @pytest.mark.parametrize("section", ["payload", "tensor"])

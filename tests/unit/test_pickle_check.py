@@ -1,5 +1,6 @@
 """The bounds check of a peer's pickle (csrc/message/pickle_check.*), which
-runs before torch's unpickler trusts a declared length or memo index."""
+runs before torch's unpickler or Python's trusts a declared length or memo
+index."""
 
 import pickle
 import struct
@@ -7,11 +8,12 @@ import struct
 import pytest
 import torch
 
-from tests.csrc import hooks
+from torchrpc import callables, python_fallback
+from torchrpc._extension import native
 
 
 def check(data):
-    return hooks().check_pickle(data)
+    return native().check_pickle(data)
 
 
 @pytest.mark.parametrize("value", [
@@ -35,6 +37,25 @@ def test_a_memo_index_that_skips_ahead_is_refused():
     # LONG_BINPUT 4e9 on the first put: torch would grow its memo to 4e9 entries.
     bad = b"\x80\x02N" + b"r" + struct.pack("<I", 4_000_000_000) + b"."
     assert "memo index 4000000000 skips ahead" in check(bad)
+    # PUT (protocol 0) takes its index in decimal; Python's unpickler grows its memo to it too
+    assert "memo index 900000000 skips ahead" in check(b"Np900000000\n.")
+    assert "not a number" in check(b"Np-1\n.")
+    assert check(b"Np0\ng0\n.") == ""
+
+
+# LONG_BINPUT 101317043, as the wire fuzzer made it from a call's pickle: Python's
+# unpickler took 1.8 s and 1.6 GB to grow its memo before it met the garbage after it.
+_MEMO_BOMB = b"\x80\x05N" + b"r" + struct.pack("<I", 101_317_043) + b"."
+
+
+def test_pythons_unpickler_never_reads_a_refused_pickle():
+    with pytest.raises(pickle.UnpicklingError, match="a peer's pickle: pickle memo index 101317043 skips ahead"):
+        python_fallback.loads(_MEMO_BOMB, [])
+    with pytest.raises(pickle.UnpicklingError, match="the pickle of 'f': pickle memo index"):
+        callables.load_function(_MEMO_BOMB, "f")
+    with pytest.raises(pickle.UnpicklingError, match="the copy of .no_such_function_here.: pickle declares"):
+        callables._MainReference("no_such_function_here", b"\x80\x05\x8e" + struct.pack("<Q", 1 << 40) + b".", None).resolve()
+    assert python_fallback.loads(pickle.dumps((1, "two", [3.0]), protocol=5), []) == (1, "two", [3.0])
 
 
 @pytest.mark.parametrize("data, why", [
