@@ -207,9 +207,8 @@ def cancel_forks(forks):
 
 
 def loads(data, tensors, awaited=None):
-    """Unpickles what dumps() made, once its lengths are checked. `awaited`,
-    a list, receives the native handles of the RRefs in it that their
-    owners have not confirmed yet."""
+    """Unpickles what dumps() made, once checked. `awaited`, a list, receives
+    the native handles of the RRefs in it that their owners have not confirmed yet."""
     callables.check_received(data, "a peer's pickle")
     return _Unpickler(io.BytesIO(data), list(tensors), awaited).load()
 

@@ -51,6 +51,21 @@ bool maySuspend(torch::jit::Function& fn) {
   return maySuspend(torch::jit::toGraphFunction(fn).optimized_graph()->block());
 }
 
+// Runs `fn` to its end, failing as runAsync's future would: without a future
+// the interpreter throws its report as a JITException that keeps a
+// TorchScript raise's Python class; with one it fails the future with a
+// FutureError of the same text, which callers get as a RuntimeError, as
+// upstream's do.
+void runToEnd(torch::jit::Function& fn, torch::jit::Stack& stack) {
+  try {
+    fn.run(stack);
+  } catch (const c10::Error& e) {
+    throw c10::ivalue::Future::FutureError(std::string(e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    throw c10::ivalue::Future::FutureError(std::string(e.what()));
+  }
+}
+
 class ScriptFunctionCallee final : public Callee {
  public:
   ScriptFunctionCallee(std::shared_ptr<torch::jit::CompilationUnit> cu, torch::jit::Function* fn)
@@ -62,7 +77,7 @@ class ScriptFunctionCallee final : public Callee {
   }
   bool runHere(torch::jit::Stack& stack) override {
     if (!runsHere_) return false;
-    fn_->run(stack);
+    runToEnd(*fn_, stack);
     return true;
   }
 
@@ -89,7 +104,7 @@ class ModuleMethodCallee final : public Callee {
   bool runHere(torch::jit::Stack& stack) override {
     if (!runsHere_) return false;
     stack.insert(stack.begin(), module_._ivalue());
-    method_.function().run(stack);
+    runToEnd(method_.function(), stack);
     return true;
   }
 
