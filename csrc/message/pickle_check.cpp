@@ -33,6 +33,7 @@ std::string checkPickle(const char* data, size_t size) {
     // newline-terminated one; memo puts carry the index.
     size_t fixed = 0, prefix = 0;
     bool line = false, lines2 = false, memoPut = false;
+    uint64_t putIndex = 0;  // a memo put's index
     switch (op) {
       case '.':  // STOP
         return pos == size ? "" : "pickle has " + std::to_string(size - pos) + " bytes after its STOP";
@@ -51,7 +52,7 @@ std::string checkPickle(const char* data, size_t size) {
       case 'q': fixed = 1; memoPut = true; break;
       case 'r': fixed = 4; memoPut = true; break;
       case 'F': case 'I': case 'L': case 'P': case 'S': case 'V': case 'g': line = true; break;
-      case 'p': line = true; memoPut = true; break;  // PUT, its index in decimal
+      case 'p': line = true; memoPut = true; break;  // PUT
       case 'c': case 'i': lines2 = true; break;
       case 'U': case 'C': case 0x8a: case 0x8c: prefix = 1; break;
       case 'T': case 'X': case 'B': case 0x8b: prefix = 4; break;
@@ -61,14 +62,7 @@ std::string checkPickle(const char* data, size_t size) {
     }
     if (fixed > 0) {
       if (left < fixed) return "pickle ends inside an argument" + at(start);
-      if (memoPut) {
-        const uint64_t index = readLength(data + pos, fixed);
-        if (index > memoized) {
-          return "pickle memo index " + std::to_string(index) + " skips ahead of the " + std::to_string(memoized) +
-                 " entries memoized" + at(start);
-        }
-        ++memoized;
-      }
+      if (memoPut) putIndex = readLength(data + pos, fixed);
       pos += fixed;
     } else if (prefix > 0) {
       if (left < prefix) return "pickle ends inside a length" + at(start);
@@ -85,20 +79,21 @@ std::string checkPickle(const char* data, size_t size) {
         if (nl == nullptr) return "pickle ends inside a line argument" + at(start);
         pos = static_cast<const char*>(nl) - data + 1;
       }
-      if (memoPut) {
-        uint64_t index = 0;
+      if (memoPut) {  // PUT's index in decimal
         size_t digits = 0;
         for (size_t i = argument; i + 1 < pos; ++i, ++digits) {
           if (data[i] < '0' || data[i] > '9' || digits >= 19) return "pickle memo index is not a number" + at(start);
-          index = index * 10 + static_cast<uint64_t>(data[i] - '0');
+          putIndex = putIndex * 10 + static_cast<uint64_t>(data[i] - '0');
         }
         if (digits == 0) return "pickle memo index is not a number" + at(start);
-        if (index > memoized) {
-          return "pickle memo index " + std::to_string(index) + " skips ahead of the " + std::to_string(memoized) +
-                 " entries memoized" + at(start);
-        }
-        ++memoized;
       }
+    }
+    if (memoPut) {
+      if (putIndex > memoized) {
+        return "pickle memo index " + std::to_string(putIndex) + " skips ahead of the " + std::to_string(memoized) +
+               " entries memoized" + at(start);
+      }
+      ++memoized;
     }
   }
   return "pickle ends without STOP";
