@@ -12,7 +12,6 @@
 
 #include "autograd/context.h"
 #include "autograd/engine.h"
-#include "common/spin.h"
 #include "jit_ops/rpc_ops.h"
 
 namespace torchrpc::jit_ops {
@@ -30,9 +29,7 @@ c10::Dict<at::Tensor, at::Tensor> getGradients(int64_t contextId) {
 
 void distBackward(int64_t contextId, std::vector<at::Tensor> roots, bool retainGraph) {
   auto agent = requireAgent("autograd.backward");
-  auto done = autograd::backward(*agent, contextId, roots, retainGraph);
-  common::spinThenWait(*done);
-  done->value();  // rethrows the pass's error
+  autograd::backward(*agent, contextId, roots, retainGraph)->value();  // rethrows the pass's error
 }
 
 }  // namespace

@@ -65,6 +65,11 @@ message::Message backwardMessage(BackwardRequest&& request) {
   return m;
 }
 
+std::optional<std::pair<int32_t, int64_t>> peekBackwardRoot(const message::Message& m) {
+  if (m.payload.size() < kBackwardHeader) return std::nullopt;
+  return std::make_pair(get<int32_t>(m.payload, 21), get<int64_t>(m.payload, 25));
+}
+
 BackwardRequest parseBackward(message::Message&& m) {
   const std::string& p = m.payload;
   TORCH_CHECK(p.size() >= kBackwardHeader, "malformed AUTOGRAD_BACKWARD: ", p.size(), " bytes");

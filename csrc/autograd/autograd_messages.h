@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "message/message.h"
@@ -48,6 +49,9 @@ struct BackwardRequest {
 message::Message backwardMessage(BackwardRequest&& request);
 // Throws a clear error on a malformed payload.
 BackwardRequest parseBackward(message::Message&& m);
+// {rootRank, backwardId} of an AUTOGRAD_BACKWARD, read without the rest
+// (parseBackward checks that); nullopt if the payload is too short for them.
+std::optional<std::pair<int32_t, int64_t>> peekBackwardRoot(const message::Message& m);
 
 message::Message passDoneMessage(int64_t backwardId, const PassReport& report);
 // {backwardId, report}; throws a clear error on a malformed payload.

@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "common/logging.h"
 #include "common/python_held.h"
+#include "common/waiting_thread.h"
 #include "common/when_all.h"
 #include "message/payload.h"
 
@@ -41,7 +42,8 @@ std::atomic<uint64_t> endedByReports{0}, endedByResponses{0};
 // done, whatever order the reports arrive in.
 class Tracker {
  public:
-  explicit Tracker(int64_t rootPass) : future(c10::make_intrusive<c10::ivalue::Future>(c10::NoneType::get())) {
+  Tracker(int64_t rootPass, std::shared_ptr<common::WaitingThread> waiter)
+      : future(c10::make_intrusive<c10::ivalue::Future>(c10::NoneType::get())), waiter(std::move(waiter)) {
     note(rootPass, kStarted);
     // A profiled backward() (thread-local RecordFunction callbacks): the
     // root's later passes, on pool threads, run under the caller's state, so
@@ -75,6 +77,8 @@ class Tracker {
   }
 
   const FuturePtr future;
+  // The thread that waits for this backward (backward()).
+  const std::shared_ptr<common::WaitingThread> waiter;
   std::shared_ptr<at::ThreadLocalState> callerState;  // null unless profiled
 
  private:
@@ -307,6 +311,20 @@ void install(agent::Agent& agent) {
       message::MessageType::kAutogradCleanup,
       [a](message::Message&& request, int callerRank, message::Reply reply) { onCleanup(*a, std::move(request), callerRank, reply); },
       "release autograd context");
+  // A pass of a backward whose thread waits here runs on that thread, if it
+  // is free (common/waiting_thread.h); otherwise on the pool, as any request.
+  agent.setFastPath(message::MessageType::kAutogradBackward, [a](message::Message& request, int callerRank, const message::Reply& reply) {
+    if (a->scopesPlainRequests()) return false;
+    const auto root = peekBackwardRoot(request);
+    if (!root || root->first != a->options().rank) return false;
+    const auto tracker = Trackers::get().find(root->second);
+    if (!tracker || !tracker->waiter) return false;
+    return tracker->waiter->offer([&] {
+      return [a, callerRank, request = std::move(request), reply]() mutable {
+        a->serve(std::move(request), callerRank, std::move(reply));  // a plain request: no interceptor scopes it
+      };
+    });
+  });
   // Reports are tiny and may end a backward(): answered on the I/O thread.
   agent.setFastPath(message::MessageType::kAutogradPassDone, [a](message::Message& request, int, const message::Reply& reply) {
     try {
@@ -320,8 +338,10 @@ void install(agent::Agent& agent) {
   });
 }
 
-FuturePtr backward(agent::Agent& agent, int64_t contextId, const std::vector<at::Tensor>& roots,
-                   bool retainGraph) {
+namespace {
+
+FuturePtr beginBackward(agent::Agent& agent, int64_t contextId, const std::vector<at::Tensor>& roots,
+                        bool retainGraph, std::shared_ptr<common::WaitingThread> waiter) {
   const std::string& worker = agent.options().name;
   auto ctx = Container::get().retrieve(contextId, worker);
   // RuntimeError with upstream's phrases, as torch.distributed.autograd.backward raises.
@@ -344,7 +364,7 @@ FuturePtr backward(agent::Agent& agent, int64_t contextId, const std::vector<at:
   }
   const int self = agent.options().rank;
   PassInfo pass{self, Trackers::get().nextId.fetch_add(1), nextPassId(self), self};
-  auto tracker = std::make_shared<Tracker>(pass.passId);
+  auto tracker = std::make_shared<Tracker>(pass.passId, std::move(waiter));
   Trackers::get().add(pass.backwardId, tracker);
   // The responses still end the backward too: they carry the errors (a pass
   // that fails or a worker that dies never reports).
@@ -363,6 +383,23 @@ FuturePtr backward(agent::Agent& agent, int64_t contextId, const std::vector<at:
     }
   });
   return tracker->future;
+}
+
+}  // namespace
+
+FuturePtr backward(agent::Agent& agent, int64_t contextId, const std::vector<at::Tensor>& roots,
+                   bool retainGraph, const std::function<void()>& onSleep) {
+  auto waiter = std::make_shared<common::WaitingThread>();
+  auto toPool = [&agent](common::WaitingThread::Task task) { agent.pool().run(std::move(task)); };
+  FuturePtr done;
+  try {
+    done = beginBackward(agent, contextId, roots, retainGraph, waiter);
+  } catch (...) {
+    waiter->close(toPool);  // a pass another worker started meanwhile still runs
+    throw;
+  }
+  waiter->serveUntil(*done, onSleep, toPool);
+  return done;
 }
 
 std::pair<uint64_t, uint64_t> backwardEndings() {

@@ -36,6 +36,7 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -48,11 +49,14 @@ namespace torchrpc::autograd {
 void install(agent::Agent& agent);
 
 // The whole distributed pass from `roots` (tensors of one element each, on
-// this worker) in context `contextId`. The future completes (None) when every
-// worker is done, or fails with the first error, which names its worker.
+// this worker) in context `contextId`, waited for by the calling thread. It
+// meanwhile runs the passes that other workers' messages start here for this
+// call, rather than a pool thread (common/waiting_thread.h); `onSleep` as
+// WaitingThread::serveUntil's. Returns the completed future: None when every
+// worker is done, or the first error, which names its worker.
 c10::intrusive_ptr<c10::ivalue::Future> backward(agent::Agent& agent, int64_t contextId,
-                                                 const std::vector<at::Tensor>& roots,
-                                                 bool retainGraph);
+                                                 const std::vector<at::Tensor>& roots, bool retainGraph,
+                                                 const std::function<void()>& onSleep = nullptr);
 
 // How this process's backward() calls ended: {by the passes' reports, by the
 // chain of responses}. For tests.

@@ -16,9 +16,12 @@ void bindAutograd(py::module_& m) {
   m.def("autograd_new_context", [] { return ag::Container::get().create()->id(); });
   m.def("autograd_current_context", [] { return ag::Container::currentId(); });
   m.def("autograd_release_context", &ag::releaseContext, py::call_guard<py::gil_scoped_release>());
+  // Returns the call done (the calling thread ran its part of the pass).
   m.def("autograd_backward", [](Agent& a, int64_t id, std::vector<at::Tensor> roots, bool retainGraph) {
+    auto onSleep = signalHandlerRunner();
     py::gil_scoped_release nogil;
-    return Call{ag::backward(a, id, roots, retainGraph)};
+    pf::PythonTurn::Pause pause;  // a Python call waiting: others may run
+    return Call{ag::backward(a, id, roots, retainGraph, onSleep)};
   });
   m.def("autograd_gradients", [](const Agent& a, int64_t id) {
     return ag::Container::get().retrieve(id, a.options().name)->gradients();

@@ -62,6 +62,11 @@ unsigned long mainThreadIdent() {
   return known;
 }
 
+void runSignalHandlers() {
+  py::gil_scoped_acquire gil;
+  if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+}
+
 // future.wait(), waking every 100 ms to run Python's signal handlers.
 void waitRunningSignalHandlers(c10::ivalue::Future& future) {
   struct Waiter {
@@ -80,15 +85,17 @@ void waitRunningSignalHandlers(c10::ivalue::Future& future) {
   std::unique_lock<std::mutex> lock(waiter->mutex);
   while (!waiter->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return waiter->done; })) {
     lock.unlock();
-    {
-      py::gil_scoped_acquire gil;
-      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-    }
+    runSignalHandlers();
     lock.lock();
   }
 }
 
 }  // namespace
+
+std::function<void()> signalHandlerRunner() {
+  if (PyThread_get_thread_ident() != mainThreadIdent()) return nullptr;
+  return runSignalHandlers;
+}
 
 void Call::wait() const {
   if (future->completed()) return;  // completion callbacks find it done: they keep the GIL

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -34,6 +35,11 @@ py::tuple errorTuple(const std::exception_ptr& error);
 py::object pyValue(const c10::IValue& value);
 // (True, value) or (False, error tuple) of a completed future. Needs the GIL.
 py::tuple outcome(const c10::ivalue::Future& future);
+
+// On Python's main thread, a function that runs Python's signal handlers
+// (taking the GIL) and throws py::error_already_set if one raised (Ctrl-C),
+// for waits to call now and then; elsewhere none. Needs the GIL.
+std::function<void()> signalHandlerRunner();
 
 // A call in flight, as Python sees it.
 struct Call {

@@ -124,6 +124,22 @@ def dies_in_backward(x):
     return _DieInBackward.apply(x)
 
 
+class _SlowInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.seconds)
+        return grad, None
+
+
+def slow_in_backward(x, seconds):
+    return _SlowInBackward.apply(x, seconds)
+
+
 class Part:
     """A small model part (a linear layer) owned by whichever worker makes it."""
 

@@ -6,6 +6,9 @@ errors and a worker dying in the backward pass surface on the caller.
 worker1 and worker2 each own a parameter "w" (autograd_funcs.create_param);
 the test process rebuilds the same values locally for the reference."""
 
+import os
+import signal
+import threading
 import time
 
 import pytest
@@ -176,6 +179,24 @@ def test_backward_returns_when_the_last_pass_reports():
         by_reports, by_responses = _backward_endings()
         rpc.autograd.backward(ctx, [y.sum()])
         assert _backward_endings() == (by_reports + 1, by_responses)
+        w1 = w_of("worker1")
+        check(ctx, [x], ["worker1"], (torch.sin(x * w1) * w1).sum(), [x, w1])
+
+
+def test_the_roots_part_of_the_graph_runs_on_the_thread_that_called_backward():
+    """The split RNN's shape again: the gradient of the local part between
+    the two calls comes back in a message while backward() waits, and that
+    thread runs its pass, as local autograd would (its tensors are in that
+    thread's caches), not a pool thread."""
+    x = leaf(1)
+    ran_on = []
+    with rpc.autograd.context() as ctx:
+        y = rpc.rpc_sync("worker1", P.mul_param, args=(x, "w"))
+        middle = torch.sin(y)
+        middle.register_hook(lambda grad: ran_on.append(threading.get_ident()))
+        y = rpc.rpc_sync("worker1", P.mul_param, args=(middle, "w"))
+        rpc.autograd.backward(ctx, [y.sum()])
+        assert ran_on == [threading.get_ident()]
         w1 = w_of("worker1")
         check(ctx, [x], ["worker1"], (torch.sin(x * w1) * w1).sum(), [x, w1])
 
@@ -509,6 +530,23 @@ def test_script_callee_backward_runs_while_the_callee_holds_the_gil():
     expected = torch.autograd.grad((torch.tanh(x * w) + w).sum(), [x, w])
     assert_close(grads[x], 5 * expected[0])
     assert_close(grads[w], 5 * expected[1])
+
+
+def test_ctrl_c_ends_a_wait_in_backward():
+    """As for a call (test_calls): the wait gives way to Python's signal
+    handlers; the pass goes on without it."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        x = leaf(1)
+        with rpc.autograd.context() as ctx:
+            y = rpc.rpc_sync("worker1", P.slow_in_backward, args=(x, 3.0))
+            started = time.monotonic()
+            threading.Timer(0.3, os.kill, args=(os.getpid(), signal.SIGINT)).start()
+            with pytest.raises(KeyboardInterrupt):
+                rpc.autograd.backward(ctx, [y.sum()])
+            assert time.monotonic() - started < 2
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_worker_dying_in_the_backward_pass_fails_it_promptly(job):
