@@ -1,6 +1,8 @@
 """Where a tiny ``rpc_sync``'s time goes, step by step, without changing the
 product: ``python benchmarks/call_segments.py [--api torchrpc|backend]
-[--kind script|builtin|python]``.
+[--kind script|builtin|python] [--compute-us N]``. With ``--compute-us`` the
+caller computes that long before each call, as a trainer does between its
+calls; such a call finds the other side's threads asleep.
 
 Two worker processes run with an LD_PRELOAD shim (call_segments_shim.c,
 built here with gcc) that timestamps the syscalls marking each step: the
@@ -51,6 +53,10 @@ def _worker(args):
             rpc.rpc_sync(CALLEE, fn, args=fn_args)
         calls = []
         for _ in range(args.calls):
+            if args.compute_us:  # the caller computes first, as a trainer does between calls
+                until = time.monotonic_ns() + args.compute_us * 1000
+                while time.monotonic_ns() < until:
+                    pass
             start = time.monotonic_ns()
             rpc.rpc_sync(CALLEE, fn, args=fn_args)
             calls.append((start, time.monotonic_ns()))
@@ -78,7 +84,8 @@ def _run(args, folder):
     port = launch.free_port()
     procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.call_segments", "--worker", str(rank),
                                "--port", str(port), "--dir", folder, "--api", args.api, "--kind", args.kind,
-                               "--calls", str(args.calls), "--warmup", str(args.warmup)],
+                               "--calls", str(args.calls), "--warmup", str(args.warmup),
+                               "--compute-us", str(args.compute_us)],
                               cwd=launch.ROOT, env=env)
              for rank in (0, 1)]
     try:
@@ -150,7 +157,8 @@ STEPS = {"issue": "rpc_sync entered -> request's send", "to callee": "request's 
 
 
 def report(rows, args):
-    print(f"{args.api}, rpc_sync of a tiny {args.kind} call: {len(rows)} calls matched; median µs")
+    after = f", each after {args.compute_us} µs of compute" if args.compute_us else ""
+    print(f"{args.api}, rpc_sync of a tiny {args.kind} call{after}: {len(rows)} calls matched; median µs")
     for step, what in STEPS.items():
         who = collections.Counter(r[step][1] for r in rows).most_common(1)[0][0]
         median = statistics.median(r[step][0] for r in rows) / 1000
@@ -166,6 +174,8 @@ def main(argv=None):
     parser.add_argument("--kind", choices=("script", "builtin", "python"), default="script")
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=500)
+    parser.add_argument("--compute-us", type=int, default=0,
+                        help="the caller computes this long before each call (a call after compute is cold)")
     parser.add_argument("--worker", type=int, dest="rank", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)

@@ -98,7 +98,8 @@ def test_training_steps_reports_each_step_of_both_iterations():
 
 @pytest.mark.timeout(120)
 def test_call_segments_reports_each_step_of_a_call():
-    out = run(["benchmarks/call_segments.py", "--calls", "300", "--warmup", "100"], timeout=110)
+    out = run(["benchmarks/call_segments.py", "--calls", "300", "--warmup", "100", "--compute-us", "100"], timeout=110)
+    assert "each after 100 µs of compute" in out, out
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  ")}
     for step in ("issue", "callee", "complete", "total"):
         assert step in rows and float(rows[step][1]) > 0, out
