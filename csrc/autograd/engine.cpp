@@ -389,7 +389,7 @@ FuturePtr beginBackward(agent::Agent& agent, int64_t contextId, const std::vecto
 
 FuturePtr backward(agent::Agent& agent, int64_t contextId, const std::vector<at::Tensor>& roots,
                    bool retainGraph, const std::function<void()>& onSleep) {
-  auto waiter = std::make_shared<common::WaitingThread>();
+  auto waiter = std::make_shared<common::WaitingThread>(agent.options().name, kBackwardFunction);
   auto toPool = [&agent](common::WaitingThread::Task task) { agent.pool().run(std::move(task)); };
   FuturePtr done;
   try {

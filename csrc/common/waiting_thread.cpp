@@ -28,10 +28,7 @@ void WaitingThread::serveUntil(c10::ivalue::Future& future, const std::function<
                                const std::function<void(Task)>& elsewhere) {
   auto self = shared_from_this();
   future.addCallback([self](c10::ivalue::Future&) {
-    {
-      std::lock_guard<std::mutex> lock(self->mutex_);
-      self->completed_ = true;
-    }
+    { std::lock_guard<std::mutex> lock(self->mutex_); }  // the thread is asleep, or sees completed()
     self->cv_.notify_all();
   });
   struct Closing {  // on every way out, an exception's too
@@ -43,7 +40,7 @@ void WaitingThread::serveUntil(c10::ivalue::Future& future, const std::function<
   while (true) {
     if (!spin.until([&] { return hasTask_.load(std::memory_order_acquire) || future.completed(); })) {
       std::unique_lock<std::mutex> lock(mutex_);
-      while (!hasTask_.load(std::memory_order_relaxed) && !completed_) {
+      while (!hasTask_.load(std::memory_order_relaxed) && !future.completed()) {
         if (cv_.wait_for(lock, std::chrono::milliseconds(100)) == std::cv_status::timeout && onSleep) {
           lock.unlock();
           onSleep();
@@ -56,7 +53,8 @@ void WaitingThread::serveUntil(c10::ivalue::Future& future, const std::function<
       try {
         task();
       } catch (...) {  // tasks answer their own errors; this one escaped
-        TORCHRPC_WARN("", "a task run by a waiting thread threw: " << errorParts(std::current_exception()).message);
+        TORCHRPC_WARN(worker_, "a task run while waiting in " << what_ << " threw: "
+                                  << errorParts(std::current_exception()).message);
       }
       {
         std::lock_guard<std::mutex> lock(mutex_);

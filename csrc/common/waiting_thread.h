@@ -5,9 +5,9 @@
 //
 // For distributed autograd's root: its part of the graph (a trainer's LSTM)
 // comes back to it in AUTOGRAD_BACKWARD messages while it waits in
-// backward(). On a pool thread that part ran 16% slower, and the next forward
-// 15% slower, than on the thread that built it: its tensors sat in the other
-// core's caches (2 cores; benchmarks/HISTORY.md, 2026-12-01).
+// backward(). On a pool thread that part, and the next forward, ran slower
+// than on the thread that built it: its tensors sat in another core's caches
+// (measurements: benchmarks/HISTORY.md).
 //
 // The thread takes one task at a time: a task offered while it runs another,
 // or while one waits for it, goes to the pool, so tasks that can run in
@@ -22,12 +22,16 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 
 namespace torchrpc::common {
 
 class WaitingThread : public std::enable_shared_from_this<WaitingThread> {
  public:
   using Task = std::function<void()>;
+
+  // `worker` and `what` name the wait in the log line of a task that throws.
+  WaitingThread(std::string worker, std::string what) : worker_(std::move(worker)), what_(std::move(what)) {}
 
   // If the thread has no task (none waiting, none running), takes
   // makeTask() (called under the lock) and returns true; otherwise returns
@@ -58,10 +62,10 @@ class WaitingThread : public std::enable_shared_from_this<WaitingThread> {
  private:
   Task take();  // the offered task, if any (offers stay refused until it has run)
 
+  const std::string worker_, what_;
   std::mutex mutex_;
   std::condition_variable cv_;
   bool accepting_{true};  // no task waiting or running, and still waiting: offer() may hand one
-  bool completed_{false};  // the future's callback ran
   std::atomic<bool> hasTask_{false};  // task_ is set (polled without the lock)
   Task task_;
 };
