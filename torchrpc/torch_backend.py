@@ -14,8 +14,10 @@ agent from the store, name, rank and world size upstream's ``init_rpc``
 passes. See docs/torch-backend.md for what works and when to choose it.
 """
 
+import functools
 import numbers
 
+import torch
 import torch.distributed as dist
 import torch.distributed.rpc as _rpc
 from torch.distributed.rpc import api as _api
@@ -112,18 +114,45 @@ def _init_backend(store, name, rank, world_size, rpc_backend_options):
     return agent
 
 
+def _backend_agent():
+    """The current agent if it is this backend's, else None."""
+    agent = _api._get_current_rpc_agent() if _api._is_current_rpc_agent_set() else None
+    return agent if isinstance(agent, native().TorchBackendAgent) else None
+
+
 def _wait_all_workers(*args, **kwargs):
     # Upstream's graceful shutdown meets every worker first, except on a
     # dynamic TensorPipe agent. A dynamic TORCHRPC worker leaves on its own
     # too (its agent's join tells the members), so it meets no one: the
     # others may go on running.
-    agent = _api._get_current_rpc_agent() if _api._is_current_rpc_agent_set() else None
-    if isinstance(agent, native().TorchBackendAgent) and not agent.is_static_group:
+    agent = _backend_agent()
+    if agent is not None and not agent.is_static_group:
         return None
     return _upstream_wait_all_workers(*args, **kwargs)
 
 
 _upstream_wait_all_workers = _api._wait_all_workers
+_upstream_rpc_sync = _api.rpc_sync
+
+
+@functools.wraps(_upstream_rpc_sync)
+def _rpc_sync(to, func, args=None, kwargs=None, timeout=_api.UNSET_RPC_TIMEOUT):
+    # Upstream's rpc_sync, but on this backend the calling thread waits for
+    # the call itself: it polls before it sleeps and completes the call's
+    # future when the response comes (TorchBackendSyncWait), instead of
+    # sleeping in the future's wait until a pool thread completes it and
+    # wakes it. Ctrl-C ends the wait. Other backends: upstream's, unchanged.
+    agent = _backend_agent()
+    if agent is None:
+        return _upstream_rpc_sync(to, func, args, kwargs, timeout)
+    torch._C._log_api_usage_once("torch.distributed.rpc_sync")
+    wait = native().TorchBackendSyncWait(agent)  # this thread's next send is the call
+    try:
+        fut = _api._invoke_rpc(to, func, _api.RPCExecMode.SYNC, args, kwargs, timeout)
+        wait.wait()
+    finally:
+        wait.close()
+    return fut.wait()
 
 
 def register():
@@ -131,6 +160,7 @@ def register():
     if not _registry.backend_registered(BACKEND_NAME):
         _registry.register_backend(BACKEND_NAME, _construct_options, _init_backend)
         _api._wait_all_workers = _wait_all_workers  # shutdown() looks it up in api at call time
+        _api.rpc_sync = _rpc.rpc_sync = _rpc_sync  # programs call rpc.rpc_sync: looked up at call time
     # register_backend makes a new BackendType enum; torch.distributed.rpc's
     # own name must be that one, or its init_rpc refuses its default backend.
     _rpc.BackendType = _registry.BackendType

@@ -18,6 +18,7 @@
 
 namespace torchrpc::bindings {
 
+using torchrpc::torch_backend::SyncWait;
 using torchrpc::torch_backend::TorchAgent;
 
 void bindTorchBackend(py::module_& m) {
@@ -50,6 +51,17 @@ void bindTorchBackend(py::module_& m) {
            py::return_value_policy::reference_internal)
       .def_property_readonly("is_static_group", &TorchAgent::isStaticGroup)
       .def("_pending_requests", [](const TorchAgent& a) { return a.torchrpcAgent()->pendingCount(); });
+
+  // torchrpc/torch_backend.py's rpc_sync: made just before upstream sends the call.
+  py::class_<SyncWait>(m, "TorchBackendSyncWait", "an rpc_sync that its caller waits for itself")
+      .def(py::init<TorchAgent&>(), py::arg("agent"))
+      .def("wait",
+           [](SyncWait& w) {
+             auto onSleep = signalHandlerRunner();
+             py::gil_scoped_release nogil;  // upstream's send gave up the thread's Python turn
+             w.wait(onSleep);
+           })
+      .def("close", &SyncWait::close);
 }
 
 }  // namespace torchrpc::bindings

@@ -8,6 +8,7 @@
 #include <set>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 
 #include "common/error.h"
 #include "message/payload.h"
@@ -146,13 +147,19 @@ c10::intrusive_ptr<upstream::JitFuture> TorchAgent::send(const upstream::WorkerI
     complete(*out, *in);
     return out;
   }
-  in->addCallback([this, out](c10::ivalue::Future& done) mutable {
+  in->addCallback([this, out, waiter = SyncWait::takeFor(out)](c10::ivalue::Future& done) mutable {
     // This runs on the I/O thread, the deadline sweeper, or a pool thread
     // that holds the loop's turn (transport/loop.h pollOnce): upstream's
-    // callbacks run user code, which must not stall reading, so always on a
-    // pool task of its own. `out` moves there: once Python took its value
-    // and let go of it, its last reference must not be dropped here.
+    // callbacks run user code, which must not stall reading, so always on
+    // another thread: the rpc_sync's caller if it waits for it, else the
+    // pool. `out` moves there: once Python took its value and let go of it,
+    // its last reference must not be dropped here.
     auto result = c10::intrusive_ptr<c10::ivalue::Future>::reclaim_copy(&done);
+    if (waiter && waiter->offer([&] {
+          return [this, out = std::move(out), result] { complete(*out, *result); };
+        })) {
+      return;
+    }
     agent_->pool().run([this, out = std::move(out), result] { complete(*out, *result); });
   });
   return out;
@@ -375,6 +382,39 @@ std::unordered_map<std::string, std::string> TorchAgent::getDebugInfo() {
   info["agent.connections"] = std::to_string(agent_->connectionCount());
   info["agent.pending_requests"] = std::to_string(agent_->pendingCount());
   return info;
+}
+
+namespace {
+thread_local SyncWait* untaken = nullptr;  // this thread's SyncWait that no send() took yet
+}  // namespace
+
+SyncWait::SyncWait(TorchAgent& agent)
+    : agent_(agent.torchrpcAgent()),
+      waiter_(std::make_shared<common::WaitingThread>(agent.name_, "rpc_sync")) {
+  if (untaken == nullptr) untaken = this;  // else a pending one's send comes first: this call waits the plain way
+}
+
+SyncWait::~SyncWait() { close(); }
+
+std::shared_ptr<common::WaitingThread> SyncWait::takeFor(c10::intrusive_ptr<upstream::JitFuture> out) {
+  SyncWait* sync = std::exchange(untaken, nullptr);
+  if (sync == nullptr) return nullptr;
+  sync->out_ = std::move(out);
+  return sync->waiter_;
+}
+
+void SyncWait::wait(const std::function<void()>& onSleep) {
+  if (untaken == this) untaken = nullptr;
+  if (out_) waiter_->serveUntil(*out_, onSleep, toPool());
+}
+
+void SyncWait::close() {
+  if (untaken == this) untaken = nullptr;
+  waiter_->close(toPool());
+}
+
+std::function<void(common::WaitingThread::Task)> SyncWait::toPool() const {
+  return [agent = agent_](common::WaitingThread::Task task) { agent->pool().run(std::move(task)); };
 }
 
 }  // namespace torchrpc::torch_backend

@@ -15,7 +15,8 @@
 // I/O thread): upstream's RequestCallback processes the message; its response,
 // or its error as upstream's EXCEPTION message, goes back in a TORCH_RESPONSE
 // with the request's id. The caller completes upstream's future on a pool
-// thread too: upstream's callbacks may run user code or wait.
+// thread too (upstream's callbacks may run user code or wait), or, for an
+// rpc_sync, on the thread that waits for it (SyncWait, below).
 //
 // Errors: a timeout says upstream's "RPC ran for more than set timeout" and
 // carries upstream's TIMEOUT error type (RRefs check it); every error of the
@@ -47,6 +48,7 @@
 #include <vector>
 
 #include "agent/agent.h"
+#include "common/waiting_thread.h"
 #include "rendezvous/rendezvous.h"
 #include "worker/membership.h"
 #include "worker/peer_watch.h"
@@ -54,6 +56,8 @@
 namespace torchrpc::torch_backend {
 
 namespace upstream = torch::distributed::rpc;
+
+class SyncWait;
 
 // What the Python side lends the agent (bindings/torch_backend_bindings.cpp):
 // libtorchrpc has no Python. Each may be empty.
@@ -116,6 +120,7 @@ class TorchAgent : public upstream::RpcAgent {
 
  private:
   void addGilWaitTime(const std::chrono::microseconds gilWaitTime) override;
+  friend class SyncWait;  // names its waits after this worker
   // TORCH_REQUEST handler, on a pool thread.
   void serve(message::Message&& request, message::Reply reply);
   // Completes upstream's future from torchrpc's (on a pool thread, or on
@@ -159,6 +164,40 @@ class TorchAgent : public upstream::RpcAgent {
   std::atomic<uint64_t> gilWaits_{0};
   std::atomic<uint64_t> meetings_{0};  // join() and sync() calls so far: their meetings' tags
   std::atomic<bool> stopped_{false};
+};
+
+// An rpc_sync whose caller waits for it itself (torchrpc/torch_backend.py
+// wraps upstream's rpc_sync): made on the calling thread just before
+// upstream's code sends, it makes that thread's next send() the call. wait()
+// polls, then sleeps, and runs the call's completion (upstream's callbacks)
+// on this thread when the response comes, instead of a pool thread running
+// it and waking this one from upstream's Future.wait.
+class SyncWait {
+ public:
+  explicit SyncWait(TorchAgent& agent);
+  ~SyncWait();  // close()
+  SyncWait(const SyncWait&) = delete;
+  SyncWait& operator=(const SyncWait&) = delete;
+
+  // Returns once the call's future is complete, its completion having run
+  // on this thread. onSleep as WaitingThread::serveUntil's (an exception it
+  // throws ends the wait). Without a send since construction (upstream
+  // failed before sending, or a nested SyncWait of this thread was
+  // pending), returns at once.
+  void wait(const std::function<void()>& onSleep);
+  // The call's completion, if it comes later, runs on the pool.
+  void close();
+
+ private:
+  friend class TorchAgent;
+  // send()'s: binds this thread's SyncWait that no send took yet to `out`
+  // and returns its waiter; null if there is none.
+  static std::shared_ptr<common::WaitingThread> takeFor(c10::intrusive_ptr<upstream::JitFuture> out);
+  std::function<void(common::WaitingThread::Task)> toPool() const;  // where a completion not run here goes
+
+  std::shared_ptr<agent::Agent> agent_;
+  std::shared_ptr<common::WaitingThread> waiter_;
+  c10::intrusive_ptr<upstream::JitFuture> out_;  // the call's future, once sent
 };
 
 }  // namespace torchrpc::torch_backend

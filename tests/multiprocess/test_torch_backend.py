@@ -5,6 +5,9 @@ RRefs, TorchScript and distributed autograd run above torchrpc's agent
 (csrc/torch_backend/). The job ends with a graceful shutdown that must wait
 for a call still in flight."""
 
+import os
+import signal
+import threading
 import time
 
 import pytest
@@ -47,6 +50,38 @@ def test_rpc_sync_of_a_builtin():
 def test_rpc_async_of_a_python_function_many_in_flight():
     futures = [rpc.rpc_async(f"worker{1 + i % 2}", F.add, args=(torch.tensor([i]), i)) for i in range(64)]
     assert [int(f.wait()) for f in futures] == [2 * i for i in range(64)]
+
+
+def test_rpc_sync_completes_on_the_thread_that_waits_for_it():
+    # The caller's thread runs the call's completion (here: unpickling its
+    # result) when the response comes, instead of sleeping until a pool
+    # thread has done it and wakes it.
+    assert rpc.rpc_sync("worker1", F.unpickled_on) == threading.get_ident()
+    box = []
+    t = threading.Thread(target=lambda: box.append((rpc.rpc_sync("worker2", F.unpickled_on), threading.get_ident())))
+    t.start()
+    t.join(timeout=30)
+    assert box and box[0][0] == box[0][1]
+    # rpc_async's future is completed on the agent's threads, as upstream's.
+    assert rpc.rpc_async("worker1", F.unpickled_on).wait() != threading.get_ident()
+
+
+def test_ctrl_c_ends_an_rpc_sync_and_the_call_still_completes():
+    agent = rpc.api._get_current_rpc_agent()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        started = time.monotonic()
+        threading.Timer(0.3, os.kill, args=(os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt):
+            rpc.rpc_sync("worker1", F.sleep_then, args=(1.5, 1))
+        assert time.monotonic() - started < 1.2
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    # Its response is still taken (on the pool): nothing stays pending.
+    deadline = time.monotonic() + 10
+    while agent._pending_requests() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert agent._pending_requests() == 0
 
 
 def test_a_large_tensor_both_ways():
@@ -194,4 +229,5 @@ def test_pool_threads_keep_their_python_thread_state():
     assert 1 <= kept <= 4, f"worker1 keeps {kept} Python thread states (its pool has 4 threads)"
     from torchrpc import _C
 
-    assert _C.debug_counters()["kept_thread_states"] >= 1  # the caller's, which ran the response callbacks
+    rpc.rpc_async("worker1", F.add, args=(torch.ones(1), 1)).wait()
+    assert _C.debug_counters()["kept_thread_states"] >= 1  # the caller's, which ran rpc_async's callbacks

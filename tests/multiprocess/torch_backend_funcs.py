@@ -22,6 +22,21 @@ def sleep_then(seconds, value):
     return value
 
 
+def _thread_ident():
+    return threading.get_ident()
+
+
+class UnpickledOn:
+    """Unpickles as the ident of the thread that unpickled it."""
+
+    def __reduce__(self):
+        return (_thread_ident, ())
+
+
+def unpickled_on():
+    return UnpickledOn()
+
+
 def nested_add(via, a, b):
     """Calls `via` from inside a call (the callee's pool thread waits on it)."""
     return rpc.rpc_sync(via, torch.add, args=(a, b)) + 1
