@@ -17,6 +17,7 @@
 #include "auth/handshake.h"
 #include "auth/hmac.h"
 #include "common/python_held.h"
+#include "common/waiting_thread.h"
 #include "common/wait_policy.h"
 #include "autograd/autograd_messages.h"
 #include "message/payload.h"
@@ -368,6 +369,34 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("group_key_of", [](const std::string& cgroupPath, const std::string& autogroupPath) {
     return wp::HostPollers::groupKeyOf(cgroupPath.c_str(), autogroupPath.c_str());
   });
+
+  // A thread that runs tasks while it waits (tests/unit/test_waiting_thread.py).
+  // Tasks are Python callables, run with the GIL; a task that does not run
+  // on the waiting thread runs on a thread of its own, as on the pool.
+  using WT = torchrpc::common::WaitingThread;
+  auto pyTask = [](py::object fn) {
+    auto held = std::shared_ptr<py::object>(new py::object(std::move(fn)), [](py::object* o) {
+      py::gil_scoped_acquire gil;
+      delete o;
+    });
+    return WT::Task([held] {
+      py::gil_scoped_acquire gil;
+      (*held)();
+    });
+  };
+  auto elsewhere = [](WT::Task task) { std::thread(std::move(task)).detach(); };
+  py::class_<WT, std::shared_ptr<WT>>(m, "WaitingThread")
+      .def(py::init([] { return std::make_shared<WT>("hooks", "a test's wait"); }))
+      .def("offer", [pyTask](WT& w, py::object fn) { return w.offer([&] { return pyTask(std::move(fn)); }); })
+      .def("serve_until",
+           [elsewhere](WT& w, const std::shared_ptr<torch::jit::PythonFutureWrapper>& future) {
+             py::gil_scoped_release nogil;
+             w.serveUntil(*future->fut, nullptr, elsewhere);
+           })
+      .def("close", [elsewhere](WT& w) {
+        py::gil_scoped_release nogil;
+        w.close(elsewhere);
+      });
 
   // An exported program's signature (tests/unit/test_exported_signature.py):
   // the schema it gives, and its checks of some inputs (Tensor or not).

@@ -62,8 +62,6 @@ def test_rpc_sync_completes_on_the_thread_that_waits_for_it():
     t.start()
     t.join(timeout=30)
     assert box and box[0][0] == box[0][1]
-    # rpc_async's future is completed on the agent's threads, as upstream's.
-    assert rpc.rpc_async("worker1", F.unpickled_on).wait() != threading.get_ident()
 
 
 def test_ctrl_c_ends_an_rpc_sync_and_the_call_still_completes():
