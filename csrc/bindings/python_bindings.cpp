@@ -323,6 +323,7 @@ PYBIND11_MODULE(_C, m) {
     d["loop_events_served_by_others"] = torchrpc::transport::Loop::servedByOthers();
     d["polls_withheld"] = torchrpc::common::WaitPolicy::process().withheld();
     d["pool_tasks"] = torchrpc::agent::ThreadPool::tasksQueued();
+    d["inline_calls"] = torchrpc::script_dispatch::inlineCalls();
     d["backwards_ended_by_reports"] = byReports;
     d["backwards_ended_by_responses"] = byResponses;
     return d;

@@ -12,6 +12,8 @@
 #include <memory>
 #include <string>
 
+#include "script_dispatch/inline_calls.h"
+
 namespace torch::jit {
 struct CompilationUnit;
 struct Module;
@@ -38,6 +40,12 @@ class Callee {
   // Future in it): no Future, no callback. Returns false, running nothing,
   // otherwise: then runAsync.
   virtual bool runHere(torch::jit::Stack& /*stack*/) { return false; }
+  // Whether its run time is bounded by the size of its tensor arguments
+  // (registry.cpp boundedRun): no wait, no loop, no number argument. Only
+  // such a callee may run on the thread that read the call (inline_calls.h).
+  virtual bool bounded() const { return false; }
+
+  RunRecord runs;  // its runs to the end (runHere), for inline_calls.h
 };
 
 // A TorchScript function. Keeps its compilation unit alive.

@@ -6,6 +6,8 @@
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/runtime/operator.h>
 
+#include <unordered_set>
+
 namespace torchrpc::script_dispatch {
 
 namespace {
@@ -51,6 +53,34 @@ bool maySuspend(torch::jit::Function& fn) {
   return maySuspend(torch::jit::toGraphFunction(fn).optimized_graph()->block());
 }
 
+// A loop, or a number read out of a tensor (which could size what follows).
+bool loopsOrReadsNumbers(const torch::jit::Block* block) {
+  namespace jit = torch::jit;
+  static const std::unordered_set<c10::Symbol> readsNumber = {
+      jit::aten::Int,          jit::aten::Float,        jit::aten::item,         jit::aten::ScalarImplicit,
+      jit::aten::IntImplicit,  jit::aten::FloatImplicit, jit::prim::tolist,
+      jit::aten::_local_scalar_dense};
+  for (const jit::Node* node : block->nodes()) {
+    if (node->kind() == jit::prim::Loop || readsNumber.count(node->kind()) != 0) return true;
+    for (const jit::Block* inner : node->blocks()) {
+      if (loopsOrReadsNumbers(inner)) return true;
+    }
+  }
+  return false;
+}
+
+// Its time is bounded by the size of its tensor arguments: it never
+// suspends, runs no loop, takes tensors only (no number that could size
+// what it makes) and reads no number out of them. `self`: a method's first
+// argument, the module.
+bool boundedRun(torch::jit::Function& fn, bool self = false) {
+  const auto& args = fn.getSchema().arguments();
+  for (size_t i = self ? 1 : 0; i < args.size(); ++i) {
+    if (args[i].type()->kind() != c10::TypeKind::TensorType) return false;
+  }
+  return !maySuspend(fn) && !loopsOrReadsNumbers(torch::jit::toGraphFunction(fn).optimized_graph()->block());
+}
+
 // Runs `fn` to its end, failing as runAsync's future would: without a future
 // the interpreter throws its report as a JITException that keeps a
 // TorchScript raise's Python class; with one it fails the future with a
@@ -69,8 +99,9 @@ void runToEnd(torch::jit::Function& fn, torch::jit::Stack& stack) {
 class ScriptFunctionCallee final : public Callee {
  public:
   ScriptFunctionCallee(std::shared_ptr<torch::jit::CompilationUnit> cu, torch::jit::Function* fn)
-      : cu_(std::move(cu)), fn_(fn), runsHere_(!maySuspend(*fn)) {}
+      : cu_(std::move(cu)), fn_(fn), runsHere_(!maySuspend(*fn)), bounded_(boundedRun(*fn)) {}
   const c10::FunctionSchema& schema() const override { return fn_->getSchema(); }
+  bool bounded() const override { return bounded_; }
   c10::intrusive_ptr<c10::ivalue::Future> runAsync(torch::jit::Stack& stack,
                                                    TaskLauncher launcher) override {
     return fn_->runAsync(stack, std::move(launcher));
@@ -85,17 +116,22 @@ class ScriptFunctionCallee final : public Callee {
   std::shared_ptr<torch::jit::CompilationUnit> cu_;
   torch::jit::Function* fn_;
   const bool runsHere_;
+  const bool bounded_;
 };
 
 class ModuleMethodCallee final : public Callee {
  public:
   ModuleMethodCallee(torch::jit::Module module, const std::string& method)
-      : module_(std::move(module)), method_(module_.get_method(method)), runsHere_(!maySuspend(method_.function())) {
+      : module_(std::move(module)),
+        method_(module_.get_method(method)),
+        runsHere_(!maySuspend(method_.function())),
+        bounded_(boundedRun(method_.function(), /*self=*/true)) {
     const auto& full = method_.function().getSchema();
     std::vector<c10::Argument> args(full.arguments().begin() + 1, full.arguments().end());
     schema_ = std::make_unique<c10::FunctionSchema>(full.cloneWithArguments(std::move(args)));
   }
   const c10::FunctionSchema& schema() const override { return *schema_; }
+  bool bounded() const override { return bounded_; }
   c10::intrusive_ptr<c10::ivalue::Future> runAsync(torch::jit::Stack& stack,
                                                    TaskLauncher launcher) override {
     stack.insert(stack.begin(), module_._ivalue());
@@ -112,6 +148,7 @@ class ModuleMethodCallee final : public Callee {
   torch::jit::Module module_;
   torch::jit::Method method_;
   const bool runsHere_;
+  const bool bounded_;
   std::unique_ptr<c10::FunctionSchema> schema_;
 };
 

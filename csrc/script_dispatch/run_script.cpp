@@ -1,5 +1,7 @@
 #include "script_dispatch/run_script.h"
 
+#include <chrono>
+
 #include <torch/csrc/jit/runtime/operator.h>
 
 #include <utility>
@@ -164,7 +166,9 @@ void runDecoded(message::MessageType type, const c10::intrusive_ptr<c10::ivalue:
     normalizeInputs(callee->schema(), stack, el.at(3).toGenericDict(), function, worker, callee.get());
     DispatchScope scope;
     const bool asyncExecution = el.size() > 5 && el[5].toBool();
+    const auto start = std::chrono::steady_clock::now();
     if (!asyncExecution && callee->runHere(stack)) {
+      callee->runs.record(std::chrono::steady_clock::now() - start);
       reply.value(resultOf(stack, callee->schema().returns().size()), function);
       return;
     }

@@ -7,6 +7,7 @@
 #include <cerrno>
 
 #include "common/error.h"
+#include "common/intra_op.h"
 #include "common/logging.h"
 #include "common/spin.h"
 #include "common/thread_name.h"
@@ -38,6 +39,7 @@ Loop::Loop(std::string workerName) : workerName_(std::move(workerName)) {
               common::errnoMessage("epoll_ctl(eventfd)", errno));
   thread_ = std::thread([this] {
     common::nameThisThread("rpc-io");
+    common::initIntraOpThreads();  // it may run short TorchScript calls (script_dispatch/inline_calls.h)
     run();
   });
 }

@@ -1,0 +1,66 @@
+#include "script_dispatch/inline_calls.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "message/payload.h"
+#include "message/plain_codec.h"
+#include "script_dispatch/registry.h"
+
+namespace torchrpc::script_dispatch {
+
+namespace {
+
+std::atomic<uint64_t> inlineCount{0};
+
+bool enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("TORCHRPC_INLINE_CALLS");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+}  // namespace
+
+void RunRecord::record(std::chrono::steady_clock::duration took) {
+  // Relaxed, racy counts: concurrent runs may lose an update, never a long run's reset.
+  if (took >= kLongRun) {
+    shortRuns_.store(0, std::memory_order_relaxed);
+    if (longRuns_.load(std::memory_order_relaxed) < kMaxLongRuns) longRuns_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  const int short_ = shortRuns_.load(std::memory_order_relaxed);
+  if (took >= kShortRun) {  // it loses kWarmRuns: twice in a row ends a proven streak
+    shortRuns_.store(std::max(0, short_ - kWarmRuns), std::memory_order_relaxed);
+    return;
+  }
+  const int most = (kWarmRuns << longRuns_.load(std::memory_order_relaxed)) + kWarmRuns;
+  if (short_ < most) shortRuns_.store(short_ + 1, std::memory_order_relaxed);
+}
+
+bool runsInline(const message::Message& request, Registry& registry) {
+  if (request.type != message::MessageType::kScriptCall || !enabled() || !message::isPlain(request.payload)) {
+    return false;
+  }
+  size_t bytes = 0;
+  for (const auto& t : request.tensors) bytes += t.defined() ? t.nbytes() : 0;
+  if (bytes > kMaxInputBytes) return false;
+  try {
+    // A plain payload holds no RRef: decoding it registers nothing.
+    const auto call = message::messageIValue(request).toTuple();
+    const auto& el = call->elements();
+    if (el.size() < 5 || !el[4].isNone() || (el.size() > 5 && el[5].toBool())) return false;
+    const auto callee = registry.find(el[0].toStringRef(), el[1].toStringRef(), /*resolve=*/false);
+    if (!callee || !callee->bounded() || !callee->runs.provenShort()) return false;
+  } catch (...) {
+    return false;  // the pool's run answers what is wrong with it
+  }
+  inlineCount.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+uint64_t inlineCalls() { return inlineCount.load(std::memory_order_relaxed); }
+
+}  // namespace torchrpc::script_dispatch
