@@ -44,10 +44,14 @@ bool runsInline(const message::Message& request, Registry& registry) {
   if (request.type != message::MessageType::kScriptCall || !enabled() || !message::isPlain(request.payload)) {
     return false;
   }
-  size_t bytes = 0;
-  for (const auto& t : request.tensors) bytes += t.defined() ? t.nbytes() : 0;
-  if (bytes > kMaxInputBytes) return false;
   try {
+    size_t bytes = 0;
+    for (const auto& t : request.tensors) {
+      if (!t.defined()) continue;
+      if (t.layout() != c10::kStrided) return false;  // sparse and the like: nbytes() says nothing of their work
+      bytes += t.nbytes();
+    }
+    if (bytes > kMaxInputBytes) return false;
     // A plain payload holds no RRef: decoding it registers nothing.
     const auto call = message::messageIValue(request).toTuple();
     const auto& el = call->elements();

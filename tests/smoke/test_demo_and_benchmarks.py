@@ -103,7 +103,9 @@ def test_call_segments_reports_each_step_of_a_call():
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  ")}
     for step in ("issue", "callee", "complete", "total"):
         assert step in rows and float(rows[step][1]) > 0, out
-    assert rows["callee"][-1] == "rpc-pool" and "to" in rows, out  # the callee's pool ran the call
+    # A tiny script call runs on the thread that read it once proven short
+    # (csrc/script_dispatch/inline_calls.h), its first ones on the pool.
+    assert rows["callee"][-1] in ("rpc-io", "rpc-pool") and "to" in rows, out
     assert "caller's waiting thread woken:" in out, out
 
 
