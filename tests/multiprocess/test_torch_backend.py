@@ -71,8 +71,8 @@ def test_ctrl_c_ends_an_rpc_sync_and_the_call_still_completes():
         started = time.monotonic()
         threading.Timer(0.3, os.kill, args=(os.getpid(), signal.SIGINT)).start()
         with pytest.raises(KeyboardInterrupt):
-            rpc.rpc_sync("worker1", F.sleep_then, args=(1.5, 1))
-        assert time.monotonic() - started < 1.2
+            rpc.rpc_sync("worker1", F.sleep_then, args=(3.0, 1))
+        assert time.monotonic() - started < 2
     finally:
         signal.signal(signal.SIGINT, previous)
     # Its response is still taken (on the pool): nothing stays pending.
