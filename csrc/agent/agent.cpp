@@ -14,7 +14,6 @@
 #include "common/logging.h"
 #include "common/python_held.h"
 #include "message/payload.h"
-#include "script_dispatch/inline_calls.h"
 #include "script_dispatch/run_script.h"
 #include "transport/socket.h"
 
@@ -88,13 +87,6 @@ Agent::Agent(AgentOptions options)
                                        [loop = loop_.get()] { loop->pollOnce(); });
   listener_ = std::make_unique<transport::Listener>(*loop_, options_.name,
                                                      [this](int fd, const std::string& desc) { accept(fd, desc); });
-  // A short TorchScript call runs on the thread that read it (script_dispatch/inline_calls.h).
-  setFastPath(message::MessageType::kScriptCall,
-              [this](message::Message& request, int callerRank, const message::Reply& reply) {
-                if (scopesPlainRequests() || !script_dispatch::runsInline(request, registry_)) return false;
-                serve(std::move(request), callerRank, reply);  // a plain request: no interceptor scopes it
-                return true;
-              });
 }
 
 Agent::~Agent() { shutdown(); }
