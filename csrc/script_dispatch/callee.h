@@ -1,8 +1,9 @@
 #pragma once
 
 // Callee: something the agent can run on a pool thread without the GIL: a
-// TorchScript function or module method (below), or an exported program
-// (exported_program.h), registered and called the same way.
+// TorchScript function or module method (below), an exported program
+// (exported_program.h), registered and called the same way, or an operator
+// (Registry::findOperator).
 
 #include <ATen/core/function.h>
 #include <ATen/core/function_schema.h>
@@ -41,12 +42,20 @@ class Callee {
   // otherwise: then runAsync.
   virtual bool runHere(torch::jit::Stack& /*stack*/) { return false; }
   // Whether its run time is bounded by the size of its tensor arguments
-  // (registry.cpp boundedRun): no wait, no loop, no number argument. Only
+  // (bounded.h): no wait, no loop, no number that sizes its work. Only
   // such a callee may run on the thread that read the call (inline_calls.h).
   virtual bool bounded() const { return false; }
 
   RunRecord runs;  // its runs to the end (runHere), for inline_calls.h
 };
+
+// What a run left on `stack`: its one result, None, or a tuple of several.
+inline c10::IValue resultOf(torch::jit::Stack& stack, size_t numReturns) {
+  if (numReturns == 1) return std::move(stack.back());
+  if (numReturns == 0) return c10::IValue();
+  std::vector<c10::IValue> out(stack.end() - numReturns, stack.end());
+  return c10::ivalue::Tuple::create(std::move(out));
+}
 
 // A TorchScript function. Keeps its compilation unit alive.
 std::shared_ptr<Callee> scriptFunctionCallee(std::shared_ptr<torch::jit::CompilationUnit> cu,

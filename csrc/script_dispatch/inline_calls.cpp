@@ -14,7 +14,9 @@ namespace {
 
 std::atomic<uint64_t> inlineCount{0};
 
-bool enabled() {
+}  // namespace
+
+bool inlineCallsEnabled() {
   static const bool on = [] {
     const char* v = std::getenv("TORCHRPC_INLINE_CALLS");
     return v == nullptr || std::strcmp(v, "0") != 0;
@@ -22,7 +24,17 @@ bool enabled() {
   return on;
 }
 
-}  // namespace
+bool smallInputs(const std::vector<at::Tensor>& tensors) {
+  size_t bytes = 0;
+  for (const auto& t : tensors) {
+    if (!t.defined()) continue;
+    if (t.layout() != c10::kStrided) return false;  // sparse and the like: nbytes() says nothing of their work
+    bytes += t.nbytes();
+  }
+  return bytes <= kMaxInputBytes;
+}
+
+void countInlineCall() { inlineCount.fetch_add(1, std::memory_order_relaxed); }
 
 void RunRecord::record(std::chrono::steady_clock::duration took) {
   // Relaxed, racy counts: concurrent runs may lose an update, never a long run's reset.
@@ -32,7 +44,7 @@ void RunRecord::record(std::chrono::steady_clock::duration took) {
     return;
   }
   const int short_ = shortRuns_.load(std::memory_order_relaxed);
-  if (took >= kShortRun) {  // it loses kWarmRuns: twice in a row ends a proven streak
+  if (took >= shortRun_) {  // it loses kWarmRuns: twice in a row ends a proven streak
     shortRuns_.store(std::max(0, short_ - kWarmRuns), std::memory_order_relaxed);
     return;
   }
@@ -41,27 +53,27 @@ void RunRecord::record(std::chrono::steady_clock::duration took) {
 }
 
 bool runsInline(const message::Message& request, Registry& registry) {
-  if (request.type != message::MessageType::kScriptCall || !enabled() || !message::isPlain(request.payload)) {
+  const bool builtin = request.type == message::MessageType::kBuiltinCall;
+  if ((!builtin && request.type != message::MessageType::kScriptCall) || !inlineCallsEnabled() ||
+      !message::isPlain(request.payload)) {
     return false;
   }
   try {
-    size_t bytes = 0;
-    for (const auto& t : request.tensors) {
-      if (!t.defined()) continue;
-      if (t.layout() != c10::kStrided) return false;  // sparse and the like: nbytes() says nothing of their work
-      bytes += t.nbytes();
-    }
-    if (bytes > kMaxInputBytes) return false;
+    if (!smallInputs(request.tensors)) return false;
     // A plain payload holds no RRef: decoding it registers nothing.
     const auto call = message::messageIValue(request).toTuple();
     const auto& el = call->elements();
-    if (el.size() < 5 || !el[4].isNone() || (el.size() > 5 && el[5].toBool())) return false;
-    const auto callee = registry.find(el[0].toStringRef(), el[1].toStringRef(), /*resolve=*/false);
+    std::shared_ptr<Callee> callee;
+    if (builtin) {
+      callee = registry.findOperator(el.at(0).toStringRef(), /*resolve=*/false);
+    } else if (el.size() >= 5 && el[4].isNone() && !(el.size() > 5 && el[5].toBool())) {
+      callee = registry.find(el[0].toStringRef(), el[1].toStringRef(), /*resolve=*/false);
+    }
     if (!callee || !callee->bounded() || !callee->runs.provenShort()) return false;
   } catch (...) {
     return false;  // the pool's run answers what is wrong with it
   }
-  inlineCount.fetch_add(1, std::memory_order_relaxed);
+  countInlineCall();
   return true;
 }
 

@@ -11,10 +11,11 @@
 // runs where it was read only when it is short for sure:
 // - a SCRIPT_CALL, not async_execution, whose payload is plain
 //   (message/plain_codec.h: no RRef, no pickle), of a function this worker
-//   registered (not shipped code, not one still to be imported);
-// - the function's time is bounded by the size of its tensor arguments
-//   (Callee::bounded(): it never suspends, has no loop, and takes no number
-//   that could size what it makes);
+//   registered (not shipped code, not one still to be imported), or a plain
+//   BUILTIN_CALL of an operator this worker ran before;
+// - the callee's time is bounded by the size of its tensor arguments
+//   (Callee::bounded(), bounded.h: it never suspends, has no loop, and takes
+//   no number that could size what it makes);
 // - its tensors hold at most kMaxInputBytes;
 // - its runs so far were short (under kShortRun): kWarmRuns of them in a
 //   row, doubled for every run of kLongRun or more so far. A run between
@@ -28,6 +29,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
 
 namespace torchrpc::message {
 struct Message;
@@ -46,6 +50,9 @@ class RunRecord {
   static constexpr int kWarmRuns = 3;
   static constexpr int kMaxLongRuns = 20;  // then it needs 3M short runs in a row
 
+  // `shortRun`: what counts as short, if the times recorded hold more than the run (torch_backend).
+  explicit RunRecord(std::chrono::microseconds shortRun = kShortRun) : shortRun_(shortRun) {}
+
   void record(std::chrono::steady_clock::duration took);
   // Its last runs were short, enough of them (above).
   bool provenShort() const {
@@ -53,6 +60,7 @@ class RunRecord {
   }
 
  private:
+  const std::chrono::microseconds shortRun_;
   std::atomic<int> shortRuns_{0};  // the count above
   std::atomic<int> longRuns_{0};   // so far, up to kMaxLongRuns
 };
@@ -63,7 +71,12 @@ constexpr size_t kMaxInputBytes = 64 * 1024;
 // the payload but changes nothing; never throws.
 bool runsInline(const message::Message& request, Registry& registry);
 
-// Calls run where they were read, in this process so far (tests).
+// The parts of the rule that other agents share (torch_backend/inline_script_calls.h):
+// not turned off, and at most kMaxInputBytes of strided tensors.
+bool inlineCallsEnabled();
+bool smallInputs(const std::vector<at::Tensor>& tensors);
+// Calls run where they were read, in this process so far (tests), and one more.
 uint64_t inlineCalls();
+void countInlineCall();
 
 }  // namespace torchrpc::script_dispatch

@@ -1,85 +1,14 @@
 #include "script_dispatch/registry.h"
 
 #include <torch/csrc/jit/api/compilation_unit.h>
-#include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/api/module.h>
-#include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/runtime/operator.h>
 
-#include <unordered_set>
+#include "script_dispatch/bounded.h"
 
 namespace torchrpc::script_dispatch {
 
 namespace {
-
-bool holdsAsyncValue(const c10::TypePtr& type) {
-  if (type->kind() == c10::TypeKind::FutureType || type->kind() == c10::TypeKind::AwaitType ||
-      type->kind() == c10::TypeKind::RRefType) {
-    return true;
-  }
-  for (const auto& contained : type->containedTypes()) {
-    if (holdsAsyncValue(contained)) return true;
-  }
-  return false;
-}
-
-// Whether running the block can suspend the interpreter or hand work to
-// another thread: a fork or a wait, any op outside aten and prim (torchrpc's
-// RPC ops among them), a call the inliner left, a Future, Await or RRef.
-bool maySuspend(const torch::jit::Block* block) {
-  namespace jit = torch::jit;
-  for (const jit::Node* node : block->nodes()) {
-    const c10::Symbol kind = node->kind();
-    if ((!kind.is_aten() && !kind.is_prim()) || kind == jit::prim::fork || kind == jit::prim::forkClosure ||
-        kind == jit::aten::wait || kind == jit::prim::awaitable || kind == jit::prim::CallFunction ||
-        kind == jit::prim::CallMethod || kind == jit::prim::PythonOp || node->hasAttribute(jit::attr::Subgraph)) {
-      return true;
-    }
-    for (const jit::Value* v : node->inputs()) {
-      if (holdsAsyncValue(v->type())) return true;
-    }
-    for (const jit::Value* v : node->outputs()) {
-      if (holdsAsyncValue(v->type())) return true;
-    }
-    for (const jit::Block* inner : node->blocks()) {
-      if (maySuspend(inner)) return true;
-    }
-  }
-  return false;
-}
-
-// The function's graph as it runs (calls inlined).
-bool maySuspend(torch::jit::Function& fn) {
-  return maySuspend(torch::jit::toGraphFunction(fn).optimized_graph()->block());
-}
-
-// A loop, or a number read out of a tensor (which could size what follows).
-bool loopsOrReadsNumbers(const torch::jit::Block* block) {
-  namespace jit = torch::jit;
-  static const std::unordered_set<c10::Symbol> readsNumber = {
-      jit::aten::Int,          jit::aten::Float,        jit::aten::item,         jit::aten::ScalarImplicit,
-      jit::aten::IntImplicit,  jit::aten::FloatImplicit, jit::prim::tolist,
-      jit::aten::_local_scalar_dense};
-  for (const jit::Node* node : block->nodes()) {
-    if (node->kind() == jit::prim::Loop || readsNumber.count(node->kind()) != 0) return true;
-    for (const jit::Block* inner : node->blocks()) {
-      if (loopsOrReadsNumbers(inner)) return true;
-    }
-  }
-  return false;
-}
-
-// Its time is bounded by the size of its tensor arguments: it never
-// suspends, runs no loop, takes tensors only (no number that could size
-// what it makes) and reads no number out of them. `self`: a method's first
-// argument, the module.
-bool boundedRun(torch::jit::Function& fn, bool self = false) {
-  const auto& args = fn.getSchema().arguments();
-  for (size_t i = self ? 1 : 0; i < args.size(); ++i) {
-    if (args[i].type()->kind() != c10::TypeKind::TensorType) return false;
-  }
-  return !maySuspend(fn) && !loopsOrReadsNumbers(torch::jit::toGraphFunction(fn).optimized_graph()->block());
-}
 
 // Runs `fn` to its end, failing as runAsync's future would: without a future
 // the interpreter throws its report as a JITException that keeps a
@@ -152,6 +81,30 @@ class ModuleMethodCallee final : public Callee {
   std::unique_ptr<c10::FunctionSchema> schema_;
 };
 
+// An operator, by schema name ("aten::add.Tensor"): BUILTIN_CALL's callee.
+class OperatorCallee final : public Callee {
+ public:
+  explicit OperatorCallee(std::shared_ptr<torch::jit::Operator> op)
+      : op_(std::move(op)), bounded_(boundedOperator(op_->schema())) {}
+  const c10::FunctionSchema& schema() const override { return op_->schema(); }
+  bool bounded() const override { return bounded_; }
+  // An operator never suspends: runHere() always runs it; this is for callers of the interface.
+  c10::intrusive_ptr<c10::ivalue::Future> runAsync(torch::jit::Stack& stack, TaskLauncher /*launcher*/) override {
+    runHere(stack);
+    auto done = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+    done->markCompleted(resultOf(stack, schema().returns().size()));
+    return done;
+  }
+  bool runHere(torch::jit::Stack& stack) override {
+    op_->getOperation()(stack);
+    return true;
+  }
+
+ private:
+  const std::shared_ptr<torch::jit::Operator> op_;
+  const bool bounded_;
+};
+
 }  // namespace
 
 std::shared_ptr<Callee> moduleMethodCallee(const torch::jit::Module& module, const std::string& method) {
@@ -201,21 +154,22 @@ std::shared_ptr<Callee> Registry::find(const std::string& name, const std::strin
   return callee;
 }
 
-std::shared_ptr<torch::jit::Operator> Registry::findOperator(const std::string& fullName) {
+std::shared_ptr<Callee> Registry::findOperator(const std::string& fullName, bool resolve) {
   {
     std::shared_lock<std::shared_mutex> lock(mutex_);
     auto it = operators_.find(fullName);
     if (it != operators_.end()) return it->second;
   }
+  if (!resolve) return nullptr;
   auto dot = fullName.find('.');
   c10::OperatorName opName(fullName.substr(0, dot),
                            dot == std::string::npos ? "" : fullName.substr(dot + 1));
   auto op = torch::jit::findOperatorFor(opName);
-  if (op) {
-    std::unique_lock<std::shared_mutex> lock(mutex_);
-    operators_[fullName] = op;
-  }
-  return op;
+  if (!op) return nullptr;
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  auto& callee = operators_[fullName];
+  if (!callee) callee = std::make_shared<OperatorCallee>(std::move(op));
+  return callee;
 }
 
 }  // namespace torchrpc::script_dispatch

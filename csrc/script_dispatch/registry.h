@@ -18,10 +18,6 @@
 
 #include "script_dispatch/callee.h"
 
-namespace torch::jit {
-struct Operator;
-}
-
 namespace torchrpc::script_dispatch {
 
 class Registry {
@@ -41,13 +37,15 @@ class Registry {
   void setConcurrency(size_t n) { concurrency_ = n; }
   size_t concurrency() const { return concurrency_; }
 
-  // Operator by schema name, e.g. "aten::add.Tensor"; nullptr if unknown.
-  std::shared_ptr<torch::jit::Operator> findOperator(const std::string& fullName);
+  // Operator by schema name, e.g. "aten::add.Tensor", as a callee (one per
+  // name, so its runs are recorded together); nullptr if unknown. With
+  // resolve=false, only one found before.
+  std::shared_ptr<Callee> findOperator(const std::string& fullName, bool resolve = true);
 
  private:
   mutable std::shared_mutex mutex_;
   std::unordered_map<std::string, std::shared_ptr<Callee>> callees_;
-  std::unordered_map<std::string, std::shared_ptr<torch::jit::Operator>> operators_;
+  std::unordered_map<std::string, std::shared_ptr<Callee>> operators_;
   Resolver resolver_;
   std::mutex resolveMutex_;  // one resolution at a time (it takes the GIL anyway)
   std::atomic<size_t> concurrency_{1};

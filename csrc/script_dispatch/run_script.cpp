@@ -32,13 +32,6 @@ std::vector<c10::IValue> stackOf(const c10::IValue& tuple) {
   return std::vector<c10::IValue>(el.begin(), el.end());
 }
 
-c10::IValue resultOf(torch::jit::Stack& stack, size_t numReturns) {
-  if (numReturns == 1) return std::move(stack.back());
-  if (numReturns == 0) return c10::IValue();
-  std::vector<c10::IValue> out(stack.end() - numReturns, stack.end());
-  return c10::ivalue::Tuple::create(std::move(out));
-}
-
 // Matches positional and keyword arguments to the schema, filling defaults;
 // a mismatch is the caller's mistake: a TypeError naming function and argument.
 // `callee`, if given, then checks what the schema cannot say (Callee::checkInputs).
@@ -89,26 +82,6 @@ c10::intrusive_ptr<c10::ivalue::Future> requireFuture(c10::intrusive_ptr<c10::iv
       c10::AnyType::get());
 }
 
-void runBuiltin(const std::string& name, torch::jit::Stack stack, Registry& registry, const CalleePolicy& policy,
-                const std::string& worker, const message::Reply& reply) {
-  if (auto refused = policy.refuseCallable(name, worker, name.substr(0, name.find('.')))) {
-    reply.error(*refused);
-    return;
-  }
-  auto op = registry.findOperator(name);
-  if (!op) {
-    reply.error(message::RemoteException{"RuntimeError",
-                                "worker " + worker + " has no operator '" + name +
-                                    "'; it may need an extension library loaded (torch.ops.load_library)",
-                                "", name, worker});
-    return;
-  }
-  normalizeInputs(op->schema(), stack, c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()),
-                  name, worker);
-  op->getOperation()(stack);
-  reply.value(resultOf(stack, op->schema().returns().size()), name);
-}
-
 }  // namespace
 
 message::Message scriptCallMessage(const std::string& name, const std::string& moduleHint,
@@ -126,6 +99,53 @@ message::Message builtinCallMessage(const std::string& schemaName, std::vector<c
 
 namespace {
 
+// The operator a BUILTIN_CALL names, or null once `reply` says why there is none.
+std::shared_ptr<Callee> builtinCallee(const std::string& name, Registry& registry, const CalleePolicy& policy,
+                                      const std::string& worker, const message::Reply& reply) {
+  if (auto refused = policy.refuseCallable(name, worker, name.substr(0, name.find('.')))) {
+    reply.error(*refused);
+    return nullptr;
+  }
+  auto op = registry.findOperator(name);
+  if (!op) {
+    reply.error(message::RemoteException{"RuntimeError",
+                                "worker " + worker + " has no operator '" + name +
+                                    "'; it may need an extension library loaded (torch.ops.load_library)",
+                                "", name, worker});
+  }
+  return op;
+}
+
+// The function a SCRIPT_CALL (payload `el`) names, or null once `reply` says why there is none.
+std::shared_ptr<Callee> scriptCallee(const std::string& function, const std::vector<c10::IValue>& el,
+                                     Registry& registry, const CalleePolicy& policy, const std::string& worker,
+                                     const message::Reply& reply) {
+  const std::string& moduleHint = el[1].toStringRef();
+  const c10::IValue& shipped = el.at(4);
+  auto refused = shipped.isNone() ? policy.refuseCallable(function, worker)
+                                  : policy.refuseShippedCode(function, worker);
+  if (refused) {
+    reply.error(*refused);
+    return nullptr;
+  }
+  auto callee = shipped.isNone() ? registry.find(function, moduleHint, /*resolve=*/policy.importByName)
+                                 : shippedCallee(registry, shipped, function, worker);
+  if (!callee) {
+    std::string howToFind = policy.importByName
+                                ? "Import the module that defines it on " + worker +
+                                      (moduleHint.empty() ? "" : " ('" + moduleHint + "')") + ", or call"
+                                : "It resolves no name that was not registered (RpcOptions(allow_import_by_name="
+                                  "False)): call";
+    reply.error(message::RemoteException{
+        kUnknownFunction,
+        shipped.isNone() ? "worker " + worker + " has no TorchScript function named '" + function + "'. " +
+                               howToFind + " torchrpc.register(name, fn) there."
+                         : "worker " + worker + " no longer has the shipped code of '" + function + "'",
+        "", function, worker});
+  }
+  return callee;
+}
+
 // Runs a decoded call (the payload's tuple).
 void runDecoded(message::MessageType type, const c10::intrusive_ptr<c10::ivalue::Tuple>& call, Registry& registry,
                 const CalleePolicy& policy, const TaskLauncher& launcher, const std::string& worker,
@@ -134,38 +154,17 @@ void runDecoded(message::MessageType type, const c10::intrusive_ptr<c10::ivalue:
   try {
     const auto& el = call->elements();
     function = el[0].toStringRef();
-    if (type == message::MessageType::kBuiltinCall) {
-      runBuiltin(function, stackOf(el[1]), registry, policy, worker, reply);
-      return;
-    }
-    const std::string& moduleHint = el[1].toStringRef();
-    const c10::IValue& shipped = el.at(4);
-    auto refused = shipped.isNone() ? policy.refuseCallable(function, worker)
-                                    : policy.refuseShippedCode(function, worker);
-    if (refused) {
-      reply.error(*refused);
-      return;
-    }
-    auto callee = shipped.isNone() ? registry.find(function, moduleHint, /*resolve=*/policy.importByName)
-                                   : shippedCallee(registry, shipped, function, worker);
-    if (!callee) {
-      std::string howToFind = policy.importByName
-                                  ? "Import the module that defines it on " + worker +
-                                        (moduleHint.empty() ? "" : " ('" + moduleHint + "')") + ", or call"
-                                  : "It resolves no name that was not registered (RpcOptions(allow_import_by_name="
-                                    "False)): call";
-      reply.error(message::RemoteException{
-          kUnknownFunction,
-          shipped.isNone() ? "worker " + worker + " has no TorchScript function named '" + function + "'. " +
-                                 howToFind + " torchrpc.register(name, fn) there."
-                           : "worker " + worker + " no longer has the shipped code of '" + function + "'",
-          "", function, worker});
-      return;
-    }
-    torch::jit::Stack stack = stackOf(el[2]);
-    normalizeInputs(callee->schema(), stack, el.at(3).toGenericDict(), function, worker, callee.get());
+    const bool builtin = type == message::MessageType::kBuiltinCall;
+    auto callee = builtin ? builtinCallee(function, registry, policy, worker, reply)
+                          : scriptCallee(function, el, registry, policy, worker, reply);
+    if (!callee) return;
+    torch::jit::Stack stack = stackOf(el[builtin ? 1 : 2]);
+    normalizeInputs(callee->schema(), stack,
+                    builtin ? c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get())
+                            : el.at(3).toGenericDict(),
+                    function, worker, callee.get());
     DispatchScope scope;
-    const bool asyncExecution = el.size() > 5 && el[5].toBool();
+    const bool asyncExecution = !builtin && el.size() > 5 && el[5].toBool();
     const auto start = std::chrono::steady_clock::now();
     if (!asyncExecution && callee->runHere(stack)) {
       callee->runs.record(std::chrono::steady_clock::now() - start);

@@ -80,13 +80,14 @@ Worker::Worker(agent::AgentOptions options, c10::intrusive_ptr<c10d::Store> stor
     }
     rrefs_ = rref::RRefContext::create(agent_);
     peerWatch_ = PeerWatch::create(agent_, [agent = agent_, rrefs = rrefs_](int rank) { releaseGone(*agent, *rrefs, rank); });
-    // A short TorchScript call runs on the thread that read it (script_dispatch/inline_calls.h).
-    agent_->setFastPath(message::MessageType::kScriptCall, [a = agent_.get()](message::Message& request, int callerRank,
-                                                                                  const message::Reply& reply) {
-      if (a->scopesPlainRequests() || !script_dispatch::runsInline(request, a->registry())) return false;
-      a->serve(std::move(request), callerRank, reply);  // a plain request: no interceptor scopes it
-      return true;
-    });
+    // A short TorchScript or builtin call runs on the thread that read it (script_dispatch/inline_calls.h).
+    for (auto type : {message::MessageType::kScriptCall, message::MessageType::kBuiltinCall}) {
+      agent_->setFastPath(type, [a = agent_.get()](message::Message& request, int callerRank, const message::Reply& reply) {
+        if (a->scopesPlainRequests() || !script_dispatch::runsInline(request, a->registry())) return false;
+        a->serve(std::move(request), callerRank, reply);  // a plain request: no interceptor scopes it
+        return true;
+      });
+    }
     autograd::install(*agent_);
     if (membership_) membership_->install();
     profiling::install(*agent_);  // after autograd: its envelope wraps autograd's

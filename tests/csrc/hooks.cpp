@@ -4,6 +4,7 @@
 
 #include <ATen/ops/ones.h>
 #include <torch/csrc/jit/mobile/type_parser.h>
+#include <torch/csrc/jit/runtime/operator.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -24,6 +25,7 @@
 #include "message/pickle_check.h"
 #include "message/wire.h"
 #include "rref/rref_context.h"
+#include "script_dispatch/bounded.h"
 #include "script_dispatch/exported_signature.h"
 #include "transport/same_host.h"
 
@@ -407,5 +409,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     auto sig = torchrpc::script_dispatch::ExportedSignature::parse(text);
     torch::jit::Stack stack(inputs.begin(), inputs.end());
     sig.check(stack, c10::DeviceType::CPU);
+  });
+
+  // Whose time the size of its tensor inputs bounds (tests/unit/test_bounded.py).
+  m.def("bounded_operator", [](const std::string& name) {
+    const auto dot = name.find('.');
+    auto op = torch::jit::findOperatorFor(
+        c10::OperatorName(name.substr(0, dot), dot == std::string::npos ? "" : name.substr(dot + 1)));
+    TORCH_CHECK(op, "no operator ", name);
+    return torchrpc::script_dispatch::boundedOperator(op->schema());
+  });
+  m.def("bounded_function", [](const torch::jit::StrongFunctionPtr& fn) {
+    return torchrpc::script_dispatch::boundedRun(*fn.function_);
   });
 }

@@ -43,3 +43,33 @@ def inline_calls():
     from torchrpc import _C
 
     return _C.debug_counters()["inline_calls"]
+
+
+class Probe:
+    """Counts the calls a worker ran where it read them, through `rpc_sync`
+    (torchrpc's or torch's): the tests' view of inline_calls.h."""
+
+    def __init__(self, rpc_sync):
+        self.rpc_sync = rpc_sync
+
+    def inline_on(self, worker):
+        return self.rpc_sync(worker, inline_calls)
+
+    def calls(self, fn, args, n, worker="worker1"):
+        """n calls; returns (their results, how many ran where they were read)."""
+        before = self.inline_on(worker)
+        results = [self.rpc_sync(worker, fn, args=args) for _ in range(n)]
+        return results, self.inline_on(worker) - before
+
+    def prove(self, fn, args, worker="worker1", streak=5, most=300):
+        """Calls fn on worker until `streak` calls in a row ran on the thread
+        that read them; returns how many it took. A noisy machine makes some
+        runs long and the proof take longer."""
+        in_a_row, seen = 0, self.inline_on(worker)
+        for n in range(1, most + 1):
+            self.rpc_sync(worker, fn, args=args)
+            now = self.inline_on(worker)
+            in_a_row, seen = (in_a_row + 1 if now > seen else 0), now
+            if in_a_row == streak:
+                return n
+        raise AssertionError(f"{fn} did not run where it was read {streak} times in a row in {most} calls")

@@ -1,6 +1,7 @@
-"""Short TorchScript calls run on the thread that read them
-(csrc/script_dispatch/inline_calls.h): once a function has proven short,
-with small inputs, no loop and nothing that waits. Everything else, and a
+"""Short TorchScript and builtin calls run on the thread that read them
+(csrc/script_dispatch/inline_calls.h): once a function or operator has
+proven short, with small inputs, no loop, nothing that waits and no number
+that sizes its output. Everything else, and a
 function that ran long, goes to the pool; what the caller sees is the same
 either way."""
 
@@ -18,23 +19,18 @@ def job():
         yield c
 
 
-def inline_on(worker):
-    return rpc.rpc_sync(worker, F.inline_calls)
-
-
-def calls(fn, args, n, worker="worker1"):
-    """n calls; returns (their results, how many ran where they were read)."""
-    before = inline_on(worker)
-    results = [rpc.rpc_sync(worker, fn, args=args) for _ in range(n)]
-    return results, inline_on(worker) - before
+_probe = F.Probe(rpc.rpc_sync)
+inline_on, calls, prove = _probe.inline_on, _probe.calls, _probe.prove
 
 
 def test_a_short_function_runs_where_it_was_read_once_proven():
     x = torch.arange(4.0)
+    _, inlined = calls(F.add_one, (x,), 1)
+    assert inlined == 0, "the first run of a function ran where it was read"
+    prove(F.add_one, (x,))
     results, inlined = calls(F.add_one, (x,), 30)
     assert all(torch.equal(r, x + 1) for r in results)
-    # Its first runs (TorchScript's profiling runs among them) are on the pool.
-    assert 15 <= inlined < 30, f"{inlined} of 30 calls of a proven short function ran where they were read"
+    assert inlined >= 20, f"{inlined} of 30 calls of a proven short function ran where they were read"
 
 
 def test_a_function_with_a_loop_a_number_argument_or_large_inputs_stays_on_the_pool():
@@ -44,7 +40,7 @@ def test_a_function_with_a_loop_a_number_argument_or_large_inputs_stays_on_the_p
     results, inlined = calls(F.ones_of_size, (2,), 20)
     assert all(torch.equal(r, torch.ones(2)) for r in results)
     assert inlined == 0, "a function that a number argument sizes ran where it was read"
-    calls(F.add_one, (torch.zeros(2),), 10)  # proven short
+    prove(F.add_one, (torch.zeros(2),))
     big = torch.zeros(1 << 18)  # 1 MB
     results, inlined = calls(F.add_one, (big,), 5)
     assert all(torch.equal(r, big + 1) for r in results)
@@ -53,16 +49,34 @@ def test_a_function_with_a_loop_a_number_argument_or_large_inputs_stays_on_the_p
 
 def test_a_function_that_ran_long_goes_back_to_the_pool_for_a_while():
     small, large = torch.ones(2), torch.ones(4096)  # large: 16 KB, under the cap on inputs
-    _, inlined = calls(F.outer_sum, (small,), 30)
-    assert inlined >= 15
+    prove(F.outer_sum, (small,))
     long = rpc.rpc_sync("worker1", F.outer_sum, args=(large,))  # milliseconds: one long run
     assert long.item() == 4096 * 4096
     # After one long run it needs twice the short runs in a row (6) again.
     results, inlined = calls(F.outer_sum, (small,), 5)
     assert all(r.item() == 4 for r in results)
     assert inlined == 0, "a function that just ran long ran where it was read again at once"
-    _, inlined = calls(F.outer_sum, (small,), 30)
-    assert inlined >= 10, "a function that ran long once never came back"
+    prove(F.outer_sum, (small,))  # it comes back
+
+
+def test_a_builtin_runs_where_it_was_read_once_proven():
+    x = torch.arange(4.0)
+    prove(torch.add, (x, 2))
+    results, inlined = calls(torch.add, (x, 2), 30)
+    assert all(torch.equal(r, x + 2) for r in results)
+    assert inlined >= 20, f"{inlined} of 30 calls of a proven short builtin ran where they were read"
+    results, inlined = calls(torch.add, (x, 2), 10, worker="worker2")
+    assert all(torch.equal(r, x + 2) for r in results) and inlined == 0
+
+
+def test_a_builtin_that_a_number_or_tensor_values_size_stays_on_the_pool():
+    results, inlined = calls(torch.ones, ((3,),), 20)
+    assert all(torch.equal(r, torch.ones(3)) for r in results)
+    assert inlined == 0, "torch.ones(n) ran where it was read"
+    x = torch.tensor([0, 2])
+    results, inlined = calls(torch.bincount, (x,), 20)
+    assert all(torch.equal(r, torch.bincount(x)) for r in results)
+    assert inlined == 0, "torch.bincount ran where it was read"
 
 
 def raised(worker, x):
@@ -74,7 +88,7 @@ def raised(worker, x):
 def test_an_error_raised_where_it_was_read_reaches_the_caller_as_usual():
     big = torch.full((2,), 100.0)
     on_the_pool = raised("worker2", big)  # worker2 runs no call where it read it
-    calls(F.checked, (torch.ones(2),), 20)
+    prove(F.checked, (torch.ones(2),))
     before = inline_on("worker1")
     inline = raised("worker1", big)
     assert inline_on("worker1") == before + 1
