@@ -9,6 +9,7 @@
 #include "bindings/glue.h"
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/rpc/python_rpc_handler.h>
 #include <torch/csrc/distributed/rpc/request_callback_impl.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -36,7 +37,12 @@ void bindTorchBackend(py::module_& m) {
                    python_fallback::PythonTurn turn(python_fallback::PythonTurn::When::kAlways);
                    request();
                  },
-                 &python_fallback::PythonTurn::giveUp};
+                 &python_fallback::PythonTurn::giveUp,
+                 [](const std::string& name) -> torch::jit::Function* {
+                   // Where upstream's SCRIPT_CALL finds it (request_callback_no_python.cpp runJitFunction).
+                   auto cu = torch::distributed::rpc::PythonRpcHandler::getInstance().jitCompilationUnit();
+                   return cu->find_function(c10::QualifiedName(name));
+                 }};
              return std::make_shared<TorchAgent>(std::move(s), options, std::move(callback), std::move(python));
            }),
            py::arg("store"), py::arg("options"))

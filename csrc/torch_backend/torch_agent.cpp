@@ -19,6 +19,9 @@ namespace torchrpc::torch_backend {
 
 namespace {
 
+// What the TORCH_REQUEST handler does, in the errors of a request it cannot read.
+constexpr const char* kServes = "a torch.distributed.rpc request";
+
 using Clock = std::chrono::steady_clock;
 
 // join() and sync() with no bound, and an agent started with rpc_timeout 0
@@ -73,6 +76,7 @@ TorchAgent::TorchAgent(c10::intrusive_ptr<c10d::Store> store, agent::AgentOption
       name_(options.name),
       startTimeoutSeconds_(options.defaultTimeoutSeconds),
       python_(std::move(python)),
+      inlineCalls_(python_.scriptFunction),
       serverStats_(std::make_shared<ServerStats>()) {
   TORCH_CHECK_VALUE(options.worldSize <= 0 || (options.rank >= 0 && options.rank < options.worldSize), "rank ",
                     options.rank, " is not in [0, world_size=", options.worldSize, ")");
@@ -94,7 +98,11 @@ TorchAgent::TorchAgent(c10::intrusive_ptr<c10d::Store> store, agent::AgentOption
     agent_->setHandler(
         message::MessageType::kTorchRequest,
         [this](message::Message&& request, int, message::Reply reply) { serve(std::move(request), std::move(reply)); },
-        "a torch.distributed.rpc request");
+        kServes);
+    agent_->setFastPath(message::MessageType::kTorchRequest,
+                        [this](message::Message& request, int, const message::Reply& reply) {
+                          return serveCandidate(request, reply);
+                        });
     // A dynamic job's worker that died never leaves: the members drop it, so calls to it say so.
     peerWatch_ = worker::PeerWatch::create(agent_, [agent = std::weak_ptr<agent::Agent>(agent_)](int rank) {
       auto a = agent.lock();
@@ -195,7 +203,46 @@ void TorchAgent::serve(message::Message&& request, message::Reply reply) {
   if (python_.onPoolThread) python_.onPoolThread();
   const uint64_t id = request.id;
   c10::intrusive_ptr<upstream::Message> m = unwrapRequest(std::move(request));  // a throw: the agent answers it
-  m->setId(static_cast<int64_t>(id));
+  process(*m, id, reply);
+}
+
+bool TorchAgent::serveCandidate(message::Message& request, const message::Reply& reply) {
+  if (!InlineScriptCalls::candidate(request)) return false;
+  const uint64_t id = request.id;
+  try {  // nothing escapes the I/O thread
+    c10::intrusive_ptr<upstream::Message> m = unwrapRequest(std::move(request));
+    auto seen = inlineCalls_.see(*m);
+    if (seen.runsHere()) {
+      script_dispatch::countInlineCall();
+      processScriptCall(*m, id, reply, seen);
+      return true;
+    }
+    agent_->pool().run([this, m = std::move(m), id, reply, seen = std::move(seen)]() mutable {
+      if (python_.onPoolThread) python_.onPoolThread();
+      seen.callee = inlineCalls_.made(seen, *m);
+      processScriptCall(*m, id, reply, seen);
+    });
+  } catch (...) {
+    if (!reply.answered()) reply.error(message::describeException(std::current_exception(), kServes, name_));
+  }
+  return true;
+}
+
+void TorchAgent::processScriptCall(upstream::Message& request, uint64_t id, const message::Reply& reply,
+                                   InlineScriptCalls::Sighting& seen) {
+  ++serverStats_->calls;
+  auto response = inlineCalls_.runOperator(seen);
+  if (response) {
+    response->setId(static_cast<int64_t>(id));
+    reply.message(wrap(message::MessageType::kTorchResponse, *response, id));
+  }
+  --serverStats_->calls;
+  if (!response) process(request, id, reply, seen.callee.get());
+}
+
+void TorchAgent::process(upstream::Message& request, uint64_t id, const message::Reply& reply,
+                         InlineScriptCalls::Callee* callee) {
+  request.setId(static_cast<int64_t>(id));
   // A profiled request (RUN_WITH_PROFILING_REQ, always the outermost
   // wrapper) leaves its profiler callback on the thread when the call
   // completes at once; pool threads are reused (the hot one especially), so
@@ -204,16 +251,17 @@ void TorchAgent::serve(message::Message&& request, message::Reply reply) {
   // request restores what it sets (upstream's guards): saving the whole
   // state for those cost about a tenth of a tiny call.
   std::optional<at::ThreadLocalStateGuard> isolated;
-  if (m->type() == upstream::MessageType::RUN_WITH_PROFILING_REQ) isolated.emplace(at::ThreadLocalState());
+  if (request.type() == upstream::MessageType::RUN_WITH_PROFILING_REQ) isolated.emplace(at::ThreadLocalState());
   auto stats = serverStats_;  // a late callback may outlive this agent
   ++stats->calls;
   c10::intrusive_ptr<upstream::JitFuture> result;
+  const auto start = Clock::now();
   try {
-    auto process = [&] { result = (*cb_)(*m, {}); };
-    if (runsPython(m->type()) && python_.inPythonTurn) {
-      python_.inPythonTurn(process);
+    auto run = [&] { result = (*cb_)(request, {}); };
+    if (runsPython(request.type()) && python_.inPythonTurn) {
+      python_.inPythonTurn(run);
     } else {
-      process();
+      run();
     }
   } catch (const std::exception& e) {
     --stats->calls;
@@ -222,6 +270,7 @@ void TorchAgent::serve(message::Message&& request, message::Reply reply) {
     return;
   }
   if (result->completed()) {
+    if (callee != nullptr) callee->runs.record(Clock::now() - start);
     --stats->calls;
     respond(*result, id, reply, name_);
     return;

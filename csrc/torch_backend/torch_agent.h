@@ -11,8 +11,9 @@
 // A call: send() wraps upstream's Message in a TORCH_REQUEST (envelope.h) and
 // hands it to agent::Agent::send, which gives it an id, a deadline and a
 // connection, and fails it at once when the peer's connection is lost. On the
-// callee, the agent runs the TORCH_REQUEST handler on its pool (never on the
-// I/O thread): upstream's RequestCallback processes the message; its response,
+// callee, the agent runs the TORCH_REQUEST handler on its pool (a short
+// SCRIPT_CALL on the I/O thread: inline_script_calls.h): upstream's
+// RequestCallback processes the message; its response,
 // or its error as upstream's EXCEPTION message, goes back in a TORCH_RESPONSE
 // with the request's id. The caller completes upstream's future on a pool
 // thread too (upstream's callbacks may run user code or wait), or, for an
@@ -50,6 +51,7 @@
 #include "agent/agent.h"
 #include "common/waiting_thread.h"
 #include "rendezvous/rendezvous.h"
+#include "torch_backend/inline_script_calls.h"
 #include "worker/membership.h"
 #include "worker/peer_watch.h"
 
@@ -72,6 +74,8 @@ struct PythonHooks {
   // A thread that sends a call gives its turn up, if it holds one: upstream's
   // nested calls wait inside upstream's code, where no pause can be put.
   std::function<void()> sending;
+  // The TorchScript function a SCRIPT_CALL names (inline_script_calls.h).
+  InlineScriptCalls::FindFunction scriptFunction;
 };
 
 class TorchAgent : public upstream::RpcAgent {
@@ -123,6 +127,17 @@ class TorchAgent : public upstream::RpcAgent {
   friend class SyncWait;  // names its waits after this worker
   // TORCH_REQUEST handler, on a pool thread.
   void serve(message::Message&& request, message::Reply reply);
+  // The fast path, on the thread that read it: a short call runs there, a
+  // candidate for it runs on the pool and is timed (inline_script_calls.h).
+  // False: not a candidate (serve() then, on the pool).
+  bool serveCandidate(message::Message& request, const message::Reply& reply);
+  // Runs upstream's request and answers it; records the run's time in
+  // `callee`, if given, when it completed at once.
+  void process(upstream::Message& request, uint64_t id, const message::Reply& reply,
+               InlineScriptCalls::Callee* callee = nullptr);
+  // A candidate's run: a known builtin by InlineScriptCalls::runOperator, else process().
+  void processScriptCall(upstream::Message& request, uint64_t id, const message::Reply& reply,
+                         InlineScriptCalls::Sighting& seen);
   // Completes upstream's future from torchrpc's (on a pool thread, or on
   // the caller's for a call refused before sending).
   void complete(upstream::JitFuture& out, c10::ivalue::Future& in);
@@ -144,6 +159,7 @@ class TorchAgent : public upstream::RpcAgent {
   const std::string name_;
   const double startTimeoutSeconds_;
   const PythonHooks python_;
+  InlineScriptCalls inlineCalls_;
   std::unique_ptr<rendezvous::Rendezvous> rendezvous_;
   std::shared_ptr<agent::Agent> agent_;
   std::shared_ptr<worker::PeerWatch> peerWatch_;

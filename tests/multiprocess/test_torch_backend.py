@@ -17,6 +17,7 @@ import torch.distributed.rpc as rpc
 from torch.testing import assert_close
 
 from tests.multiprocess import funcs
+from tests.multiprocess import inline_calls_funcs as I
 from tests.multiprocess import layout_funcs as L
 from tests.multiprocess import torch_backend_funcs as F
 from tests.multiprocess.torch_backend_job import TorchBackendJob
@@ -229,3 +230,83 @@ def test_pool_threads_keep_their_python_thread_state():
 
     rpc.rpc_async("worker1", F.add, args=(torch.ones(1), 1)).wait()
     assert _C.debug_counters()["kept_thread_states"] >= 1  # the caller's, which ran rpc_async's callbacks
+
+
+_probe = I.Probe(rpc.rpc_sync)
+_inline_on, _calls, _prove = _probe.inline_on, _probe.calls, _probe.prove
+
+
+def test_short_script_and_builtin_calls_run_where_they_were_read_once_proven():
+    # torch_backend/inline_script_calls.h: the rule of torchrpc's own agent, on upstream's SCRIPT_CALL.
+    x = torch.arange(4.0)
+    for fn, args, expected in [(F.script_add, (x, x), 2 * x), (torch.add, (x, 2), x + 2)]:
+        _prove(fn, args)
+        results, inlined = _calls(fn, args, 30)
+        assert all(torch.equal(r, expected) for r in results)
+        assert inlined >= 20, f"{inlined} of 30 calls of a proven short {fn} ran where they were read"
+
+
+def test_a_loop_a_number_argument_or_large_inputs_keep_a_call_on_the_pool():
+    results, inlined = _calls(I.add_in_a_loop, (torch.zeros(2), 3), 20)
+    assert all(torch.equal(r, torch.full((2,), 3.0)) for r in results) and inlined == 0
+    results, inlined = _calls(torch.ones, ((3,),), 20)
+    assert all(torch.equal(r, torch.ones(3)) for r in results) and inlined == 0
+    _prove(F.script_add, (torch.zeros(2), torch.zeros(2)))
+    big = torch.ones(1 << 18)  # 1 MB
+    results, inlined = _calls(F.script_add, (big, big), 3)
+    assert all(torch.equal(r, 2 * big) for r in results) and inlined == 0
+
+
+def test_a_script_call_that_ran_long_goes_back_to_the_pool_for_a_while():
+    small, large = torch.ones(2), torch.ones(4096)  # large: 16 KB, under the cap on inputs
+    _prove(I.outer_sum, (small,))
+    assert rpc.rpc_sync("worker1", I.outer_sum, args=(large,)).item() == 4096 * 4096  # one long run
+    results, inlined = _calls(I.outer_sum, (small,), 5)
+    assert all(r.item() == 4 for r in results)
+    assert inlined == 0, "a function that just ran long ran where it was read again at once"
+    _prove(I.outer_sum, (small,))  # it comes back
+
+
+def test_an_error_raised_where_it_was_read_is_upstreams_as_on_the_pool():
+    def raised():
+        with pytest.raises(Exception) as info:
+            rpc.rpc_sync("worker2", I.checked, args=(torch.full((2,), 100.0),))
+        return info.value
+
+    on_the_pool = raised()  # its first run
+    _prove(I.checked, (torch.ones(2),), worker="worker2")
+    before = _inline_on("worker2")
+    inline = raised()
+    assert _inline_on("worker2") == before + 1
+    assert type(inline) is type(on_the_pool) and str(inline) == str(on_the_pool)
+    assert "too big" in str(inline)
+
+
+def test_a_builtin_that_fails_where_it_was_read_fails_as_upstreams():
+    # torchrpc runs a known builtin itself; a failure goes back to upstream's callback for upstream's error.
+    def raised():
+        with pytest.raises(Exception) as info:
+            rpc.rpc_sync("worker2", torch.mul, args=(torch.ones(2), torch.ones(3)))
+        return info.value
+
+    on_the_pool = raised()  # its first run
+    _prove(torch.mul, (torch.ones(2), torch.ones(2)), worker="worker2")
+    inline = raised()
+    # Upstream's text ends with the C++ stack of the thread that ran it: the same up to there.
+    first_line = str(inline).splitlines()[0]
+    assert type(inline) is type(on_the_pool) and first_line == str(on_the_pool).splitlines()[0]
+    assert "must match the size" in first_line
+
+
+def test_a_server_side_profile_records_a_builtin_that_would_run_where_it_was_read():
+    # torchrpc runs a proven builtin without upstream's callback, which is
+    # where a server-side profile records it: a profile sends it back there.
+    x, y = torch.tensor(1), torch.tensor(2)
+    _prove(torch.sub, (x, y), worker="worker2")
+    profile = rpc.remote("worker2", rpc._server_process_global_profile)
+    profile.rpc_sync().__enter__()
+    assert rpc.rpc_sync("worker2", torch.sub, args=(x, y)) == -1
+    profile.rpc_sync().__exit__(None, None, None)
+    assert "aten::sub" in rpc.rpc_sync("worker2", F.profiled_events, args=(profile,))
+    _, inlined = _calls(torch.sub, (x, y), 10, worker="worker2")
+    assert inlined >= 5, "a builtin ran where it was read no more after a profile ended"

@@ -8,6 +8,8 @@ import time
 import torch
 import torch.distributed.rpc as rpc
 
+from tests.multiprocess import inline_calls_funcs  # noqa: F401  (its script functions, compiled on every worker)
+
 
 def add(a, b):
     return a + b
@@ -106,3 +108,9 @@ def script_caller(dst: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """TorchScript's own rpc_async (the compiler's special form), calling script_add."""
     fut = rpc.rpc_async(dst, script_add, (a, b))
     return fut.wait()
+
+
+def profiled_events(profile_rref):
+    """The operator names a server-side profile (rpc._server_process_global_profile) recorded."""
+    events = profile_rref.local_value().process_global_function_events  # a list per thread
+    return [e.name for thread in events for e in thread]
