@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 
 #include "message/payload.h"
 #include "message/plain_codec.h"
@@ -36,7 +37,25 @@ bool smallInputs(const std::vector<at::Tensor>& tensors) {
 
 void countInlineCall() { inlineCount.fetch_add(1, std::memory_order_relaxed); }
 
-void RunRecord::record(std::chrono::steady_clock::duration took) {
+namespace {
+
+std::chrono::nanoseconds threadCpuTime() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+}
+
+}  // namespace
+
+RunTimer::RunTimer() : wallStart_(std::chrono::steady_clock::now()), cpuStart_(threadCpuTime()) {}
+
+std::chrono::nanoseconds RunTimer::wall() const { return std::chrono::steady_clock::now() - wallStart_; }
+
+std::chrono::nanoseconds RunTimer::cpu() const { return threadCpuTime() - cpuStart_; }
+
+void RunRecord::record(const RunTimer& run) {
+  std::chrono::nanoseconds took = run.wall();
+  if (took >= kShortRun) took = std::min(took, run.cpu());
   // Relaxed, racy counts: concurrent runs may lose an update, never a long run's reset.
   if (took >= kLongRun) {
     shortRuns_.store(0, std::memory_order_relaxed);
@@ -44,7 +63,7 @@ void RunRecord::record(std::chrono::steady_clock::duration took) {
     return;
   }
   const int short_ = shortRuns_.load(std::memory_order_relaxed);
-  if (took >= shortRun_) {  // it loses kWarmRuns: twice in a row ends a proven streak
+  if (took >= kShortRun) {  // it loses kWarmRuns: twice in a row ends a proven streak
     shortRuns_.store(std::max(0, short_ - kWarmRuns), std::memory_order_relaxed);
     return;
   }

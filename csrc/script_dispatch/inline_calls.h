@@ -17,11 +17,11 @@
 //   (Callee::bounded(), bounded.h: it never suspends, has no loop, and takes
 //   no number that could size what it makes);
 // - its tensors hold at most kMaxInputBytes;
-// - its runs so far were short (under kShortRun): kWarmRuns of them in a
-//   row, doubled for every run of kLongRun or more so far. A run between
-//   the two takes kWarmRuns off the count (counted up to kWarmRuns past
-//   what is needed): one such run, the scheduler having taken the thread's
-//   core for a while, leaves a proven function inline; two in a row do not.
+// - its runs so far were short (under kShortRun, of CPU time: RunTimer):
+//   kWarmRuns of them in a row, doubled for every run of kLongRun or more
+//   so far. A run between the two takes kWarmRuns off the count (counted up
+//   to kWarmRuns past what is needed): one such run leaves a proven
+//   function inline; two in a row do not.
 // So a function whose calls turn out long goes back to the pool, and one
 // whose calls are long now and then holds the reading thread up a few
 // times at most. TORCHRPC_INLINE_CALLS=0 turns it off.
@@ -41,26 +41,42 @@ namespace torchrpc::script_dispatch {
 
 class Registry;
 
+// Times one run on the thread that makes it. A run that the wall clock
+// says was not short is timed again by its thread's CPU time: a thread
+// that the scheduler took off its core mid-run (for another session's
+// threads, say) did not run long, and its callee should not lose its proof
+// for it. The CPU clock costs a system call (about 0.3 µs): its end is read
+// only then.
+class RunTimer {
+ public:
+  RunTimer();
+  std::chrono::nanoseconds wall() const;
+  std::chrono::nanoseconds cpu() const;
+
+ private:
+  const std::chrono::steady_clock::time_point wallStart_;
+  const std::chrono::nanoseconds cpuStart_;
+};
+
 // How a callee's runs to the end went. Any thread; lock-free.
 class RunRecord {
  public:
-  static constexpr std::chrono::microseconds kShortRun{30};
+  // A tiny TorchScript function took 7-14 µs of CPU on a pool thread and
+  // 11-35 µs on the I/O thread of a slow 2-core VM, which also runs at half
+  // speed for seconds at a time: the bound leaves such a function room.
+  static constexpr std::chrono::microseconds kShortRun{100};
   // Longer than the scheduler keeps a runnable thread off its core, mostly.
   static constexpr std::chrono::milliseconds kLongRun{5};
   static constexpr int kWarmRuns = 3;
   static constexpr int kMaxLongRuns = 20;  // then it needs 3M short runs in a row
 
-  // `shortRun`: what counts as short, if the times recorded hold more than the run (torch_backend).
-  explicit RunRecord(std::chrono::microseconds shortRun = kShortRun) : shortRun_(shortRun) {}
-
-  void record(std::chrono::steady_clock::duration took);
+  void record(const RunTimer& run);
   // Its last runs were short, enough of them (above).
   bool provenShort() const {
     return shortRuns_.load(std::memory_order_relaxed) >= (kWarmRuns << longRuns_.load(std::memory_order_relaxed));
   }
 
  private:
-  const std::chrono::microseconds shortRun_;
   std::atomic<int> shortRuns_{0};  // the count above
   std::atomic<int> longRuns_{0};   // so far, up to kMaxLongRuns
 };

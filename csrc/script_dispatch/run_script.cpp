@@ -165,9 +165,9 @@ void runDecoded(message::MessageType type, const c10::intrusive_ptr<c10::ivalue:
                     function, worker, callee.get());
     DispatchScope scope;
     const bool asyncExecution = !builtin && el.size() > 5 && el[5].toBool();
-    const auto start = std::chrono::steady_clock::now();
+    const RunTimer run;
     if (!asyncExecution && callee->runHere(stack)) {
-      callee->runs.record(std::chrono::steady_clock::now() - start);
+      callee->runs.record(run);
       reply.value(resultOf(stack, callee->schema().returns().size()), function);
       return;
     }

@@ -102,14 +102,14 @@ c10::intrusive_ptr<upstream::Message> InlineScriptCalls::runOperator(Sighting& s
   // (torch.distributed.rpc._server_process_global_profile); this does not.
   if (upstream::profiler::processglobal::StateStackEntry::current()) return {};
   torch::jit::Stack stack = std::move(sighting.args);
-  const auto start = std::chrono::steady_clock::now();
+  const script_dispatch::RunTimer run;
   try {
     // Arguments that do not fit the schema the caller named are the callback's to answer.
     if (stack.size() != sighting.callee->op->schema().arguments().size()) return {};
     sighting.callee->op->schema().checkAndNormalizeInputs<c10::Type>(stack, {});
     sighting.callee->op->getOperation()(stack);
     if (stack.size() != 1) return {};  // upstream refuses a builtin of several results: its error
-    sighting.callee->runs.record(std::chrono::steady_clock::now() - start);
+    sighting.callee->runs.record(run);
     return upstream::ScriptResp(std::move(stack.front())).toMessage();
   } catch (...) {
     return {};

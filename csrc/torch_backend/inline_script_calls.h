@@ -12,14 +12,13 @@
 // schema, found on its first run on the pool) and its runs proved short.
 // Upstream's request callback runs it either way, so what the caller gets
 // is the same. The time recorded is the callback's, which decodes the
-// request and encodes the response around the run: kShortCallback.
+// request and encodes the response around the run.
 //
 // Threads: candidate() and see() on the reading thread, made() on a pool
 // thread (it reads the function's graph); all of them at once.
 
 #include <torch/csrc/distributed/rpc/message.h>
 
-#include <chrono>
 #include <functional>
 #include <memory>
 #include <shared_mutex>
@@ -45,16 +44,12 @@ class InlineScriptCalls {
   // Upstream's compilation unit lives in libtorch_python: the bindings look it up.
   using FindFunction = std::function<torch::jit::Function*(const std::string& qualifiedName)>;
 
-  // Short, for the callback around a run: upstream's decoding and encoding
-  // of a tiny call take tens of µs (benchmarks/HISTORY.md).
-  static constexpr std::chrono::microseconds kShortCallback{100};
-
   // A function or operator this worker ran: whether its time is bounded and how its runs went.
   struct Callee {
     Callee(bool b, std::shared_ptr<torch::jit::Operator> o) : bounded(b), op(std::move(o)) {}
     const bool bounded;
     const std::shared_ptr<torch::jit::Operator> op;  // a builtin's; null for a function
-    script_dispatch::RunRecord runs{kShortCallback};
+    script_dispatch::RunRecord runs;
   };
 
   // What the reading thread learned of a candidate.

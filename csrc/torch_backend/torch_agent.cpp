@@ -255,7 +255,7 @@ void TorchAgent::process(upstream::Message& request, uint64_t id, const message:
   auto stats = serverStats_;  // a late callback may outlive this agent
   ++stats->calls;
   c10::intrusive_ptr<upstream::JitFuture> result;
-  const auto start = Clock::now();
+  const script_dispatch::RunTimer timer;
   try {
     auto run = [&] { result = (*cb_)(request, {}); };
     if (runsPython(request.type()) && python_.inPythonTurn) {
@@ -270,7 +270,7 @@ void TorchAgent::process(upstream::Message& request, uint64_t id, const message:
     return;
   }
   if (result->completed()) {
-    if (callee != nullptr) callee->runs.record(Clock::now() - start);
+    if (callee != nullptr) callee->runs.record(timer);
     --stats->calls;
     respond(*result, id, reply, name_);
     return;

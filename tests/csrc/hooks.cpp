@@ -27,6 +27,7 @@
 #include "rref/rref_context.h"
 #include "script_dispatch/bounded.h"
 #include "script_dispatch/exported_signature.h"
+#include "script_dispatch/inline_calls.h"
 #include "transport/same_host.h"
 
 namespace py = pybind11;
@@ -421,5 +422,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("bounded_function", [](const torch::jit::StrongFunctionPtr& fn) {
     return torchrpc::script_dispatch::boundedRun(*fn.function_);
+  });
+
+  // Whether `runs` runs, each `busyUs` of work then `offCoreUs` asleep (as a
+  // thread the scheduler took off its core), prove a callee short
+  // (tests/unit/test_inline_calls.py).
+  m.def("proven_after_runs", [](int runs, int busyUs, int offCoreUs) {
+    py::gil_scoped_release noGil;
+    torchrpc::script_dispatch::RunRecord record;
+    for (int i = 0; i < runs; ++i) {
+      const torchrpc::script_dispatch::RunTimer run;
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(busyUs);
+      while (std::chrono::steady_clock::now() < until) {
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(offCoreUs));
+      record.record(run);
+    }
+    return record.provenShort();
   });
 }
