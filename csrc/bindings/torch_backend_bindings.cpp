@@ -38,10 +38,11 @@ void bindTorchBackend(py::module_& m) {
                    request();
                  },
                  &python_fallback::PythonTurn::giveUp,
-                 [](const std::string& name) -> torch::jit::Function* {
-                   // Where upstream's SCRIPT_CALL finds it (request_callback_no_python.cpp runJitFunction).
+                 [](const std::string& name) -> std::shared_ptr<script_dispatch::Callee> {
+                   // Where upstream's SCRIPT_CALL finds it (request_callback_impl.cpp runJitFunction).
                    auto cu = torch::distributed::rpc::PythonRpcHandler::getInstance().jitCompilationUnit();
-                   return cu->find_function(c10::QualifiedName(name));
+                   torch::jit::Function* fn = cu->find_function(c10::QualifiedName(name));
+                   return fn == nullptr ? nullptr : script_dispatch::scriptFunctionCallee(std::move(cu), fn);
                  }};
              return std::make_shared<TorchAgent>(std::move(s), options, std::move(callback), std::move(python));
            }),

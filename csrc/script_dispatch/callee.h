@@ -18,6 +18,7 @@
 namespace torch::jit {
 struct CompilationUnit;
 struct Module;
+struct Operator;
 }
 
 namespace torchrpc::script_dispatch {
@@ -63,5 +64,7 @@ std::shared_ptr<Callee> scriptFunctionCallee(std::shared_ptr<torch::jit::Compila
 // A method of a TorchScript module (e.g. one torch::jit::load gave a C++
 // program); its schema, as callers see it, has no `self`.
 std::shared_ptr<Callee> moduleMethodCallee(const torch::jit::Module& module, const std::string& method);
+// An operator (a builtin such as aten::add.Tensor): it never suspends.
+std::shared_ptr<Callee> operatorCallee(std::shared_ptr<torch::jit::Operator> op);
 
 }  // namespace torchrpc::script_dispatch

@@ -107,6 +107,10 @@ class OperatorCallee final : public Callee {
 
 }  // namespace
 
+std::shared_ptr<Callee> operatorCallee(std::shared_ptr<torch::jit::Operator> op) {
+  return std::make_shared<OperatorCallee>(std::move(op));
+}
+
 std::shared_ptr<Callee> moduleMethodCallee(const torch::jit::Module& module, const std::string& method) {
   return std::make_shared<ModuleMethodCallee>(module, method);
 }
@@ -168,7 +172,7 @@ std::shared_ptr<Callee> Registry::findOperator(const std::string& fullName, bool
   if (!op) return nullptr;
   std::unique_lock<std::shared_mutex> lock(mutex_);
   auto& callee = operators_[fullName];
-  if (!callee) callee = std::make_shared<OperatorCallee>(std::move(op));
+  if (!callee) callee = operatorCallee(std::move(op));
   return callee;
 }
 

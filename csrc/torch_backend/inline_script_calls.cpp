@@ -3,7 +3,6 @@
 #include <torch/csrc/distributed/rpc/profiler/server_process_global_profiler.h>
 #include <torch/csrc/distributed/rpc/script_call.h>
 #include <torch/csrc/distributed/rpc/script_resp.h>
-#include <torch/csrc/jit/runtime/operator.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <algorithm>
@@ -12,7 +11,7 @@
 #include <mutex>
 
 #include "message/pickle_check.h"
-#include "script_dispatch/bounded.h"
+#include "script_dispatch/inline_calls.h"
 
 namespace torchrpc::torch_backend {
 
@@ -50,7 +49,7 @@ InlineScriptCalls::Sighting InlineScriptCalls::see(const upstream::Message& requ
     // Upstream's SCRIPT_CALL: (arguments..., async execution, function) or
     // (arguments..., operator schema, operator name).
     const auto& payload = request.payload();
-    if (!message::checkPickle(payload.data(), payload.size()).empty()) return {};  // the pool's run refuses it
+    if (!message::checkPickle(payload.data(), payload.size()).empty()) return {};  // upstream's callback decodes it, on the pool
     const auto call = torch::jit::unpickle(payload.data(), payload.size(), nullptr, request.tensors());
     const auto& el = call.toTupleRef().elements();
     if (el.size() < 2 || !el.back().isString()) return {};
@@ -59,10 +58,10 @@ InlineScriptCalls::Sighting InlineScriptCalls::see(const upstream::Message& requ
       out.key = el.back().toStringRef();
     } else if (before.isString()) {
       out.key = before.toStringRef();
-      out.args.assign(el.begin(), el.end() - 2);
     } else {
       return {};  // async execution
     }
+    out.args.assign(el.begin(), el.end() - 2);
   } catch (...) {
     return {};  // upstream's run answers what is wrong with it
   }
@@ -72,48 +71,50 @@ InlineScriptCalls::Sighting InlineScriptCalls::see(const upstream::Message& requ
   return out;
 }
 
-std::shared_ptr<InlineScriptCalls::Callee> InlineScriptCalls::made(const Sighting& sighting,
-                                                                   const upstream::Message& request) {
+std::shared_ptr<script_dispatch::Callee> InlineScriptCalls::made(const Sighting& sighting,
+                                                                const upstream::Message& request) {
   if (sighting.callee || sighting.key.empty()) return sighting.callee;
-  bool bounded = false;
-  std::shared_ptr<torch::jit::Operator> op;
+  std::shared_ptr<script_dispatch::Callee> made;
   try {
     const auto call = upstream::ScriptCall::fromMessage(request);
     if (call->hasOp()) {
-      op = call->op();
-      bounded = script_dispatch::boundedOperator(op->schema());
-    } else {
-      torch::jit::Function* fn = find_ ? find_(call->qualifiedName().qualifiedName()) : nullptr;
-      if (fn == nullptr) return nullptr;  // unknown: upstream's run says so; nothing is kept for it
-      bounded = script_dispatch::boundedRun(*fn);
+      made = script_dispatch::operatorCallee(call->op());
+    } else if (find_) {
+      made = find_(call->qualifiedName().qualifiedName());
     }
   } catch (...) {
-    return nullptr;  // the same
   }
+  if (!made) return nullptr;  // unknown, or undecodable: upstream's run says so; nothing is kept for it
   std::unique_lock<std::shared_mutex> lock(mutex_);
   auto& callee = callees_[sighting.key];
-  if (!callee) callee = std::make_shared<Callee>(bounded, std::move(op));
+  if (!callee) callee = std::move(made);
   return callee;
 }
 
-c10::intrusive_ptr<upstream::Message> InlineScriptCalls::runOperator(Sighting& sighting) const {
-  if (!sighting.callee || !sighting.callee->op || !sighting.callee->bounded) return {};
-  // Upstream's callback records the call for a server-side profile
-  // (torch.distributed.rpc._server_process_global_profile); this does not.
-  if (upstream::profiler::processglobal::StateStackEntry::current()) return {};
+c10::intrusive_ptr<upstream::Message> InlineScriptCalls::run(Sighting& sighting) const {
+  const auto& callee = sighting.callee;
+  if (!callee || upstream::profiler::processglobal::StateStackEntry::current()) return {};
+  const c10::FunctionSchema& schema = callee->schema();
+  if (schema.returns().size() != 1) return {};
   torch::jit::Stack stack = std::move(sighting.args);
-  const script_dispatch::RunTimer run;
   try {
-    // Arguments that do not fit the schema the caller named are the callback's to answer.
-    if (stack.size() != sighting.callee->op->schema().arguments().size()) return {};
-    sighting.callee->op->schema().checkAndNormalizeInputs<c10::Type>(stack, {});
-    sighting.callee->op->getOperation()(stack);
-    if (stack.size() != 1) return {};  // upstream refuses a builtin of several results: its error
-    sighting.callee->runs.record(run);
-    return upstream::ScriptResp(std::move(stack.front())).toMessage();
+    if (stack.size() != schema.arguments().size()) return {};
+    schema.checkAndNormalizeInputs<c10::Type>(stack, {});
   } catch (...) {
     return {};
   }
+  const script_dispatch::RunTimer timer;
+  c10::intrusive_ptr<upstream::Message> response;
+  try {
+    if (!callee->runHere(stack)) return {};  // it may suspend: upstream's callback runs it asynchronously
+    response = upstream::ScriptResp(std::move(stack.back())).toMessage();
+  } catch (const std::exception& e) {
+    // The text upstream's callback answers: a function's fails as its
+    // future would (Callee::runHere), an operator's is its exception's.
+    response = upstream::createExceptionResponse(e.what(), -1);
+  }
+  callee->runs.record(timer);
+  return response;
 }
 
 }  // namespace torchrpc::torch_backend

@@ -231,17 +231,16 @@ bool TorchAgent::serveCandidate(message::Message& request, const message::Reply&
 void TorchAgent::processScriptCall(upstream::Message& request, uint64_t id, const message::Reply& reply,
                                    InlineScriptCalls::Sighting& seen) {
   ++serverStats_->calls;
-  auto response = inlineCalls_.runOperator(seen);
+  auto response = inlineCalls_.run(seen);
   if (response) {
     response->setId(static_cast<int64_t>(id));
     reply.message(wrap(message::MessageType::kTorchResponse, *response, id));
   }
   --serverStats_->calls;
-  if (!response) process(request, id, reply, seen.callee.get());
+  if (!response) process(request, id, reply);
 }
 
-void TorchAgent::process(upstream::Message& request, uint64_t id, const message::Reply& reply,
-                         InlineScriptCalls::Callee* callee) {
+void TorchAgent::process(upstream::Message& request, uint64_t id, const message::Reply& reply) {
   request.setId(static_cast<int64_t>(id));
   // A profiled request (RUN_WITH_PROFILING_REQ, always the outermost
   // wrapper) leaves its profiler callback on the thread when the call
@@ -255,7 +254,6 @@ void TorchAgent::process(upstream::Message& request, uint64_t id, const message:
   auto stats = serverStats_;  // a late callback may outlive this agent
   ++stats->calls;
   c10::intrusive_ptr<upstream::JitFuture> result;
-  const script_dispatch::RunTimer timer;
   try {
     auto run = [&] { result = (*cb_)(request, {}); };
     if (runsPython(request.type()) && python_.inPythonTurn) {
@@ -270,7 +268,6 @@ void TorchAgent::process(upstream::Message& request, uint64_t id, const message:
     return;
   }
   if (result->completed()) {
-    if (callee != nullptr) callee->runs.record(timer);
     --stats->calls;
     respond(*result, id, reply, name_);
     return;

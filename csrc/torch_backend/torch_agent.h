@@ -11,9 +11,10 @@
 // A call: send() wraps upstream's Message in a TORCH_REQUEST (envelope.h) and
 // hands it to agent::Agent::send, which gives it an id, a deadline and a
 // connection, and fails it at once when the peer's connection is lost. On the
-// callee, the agent runs the TORCH_REQUEST handler on its pool (a short
-// SCRIPT_CALL on the I/O thread: inline_script_calls.h): upstream's
-// RequestCallback processes the message; its response,
+// callee, the agent runs the TORCH_REQUEST handler on its pool: upstream's
+// RequestCallback processes the message (a SCRIPT_CALL whose callee this
+// worker knows runs without it, a short one on the I/O thread:
+// inline_script_calls.h); its response,
 // or its error as upstream's EXCEPTION message, goes back in a TORCH_RESPONSE
 // with the request's id. The caller completes upstream's future on a pool
 // thread too (upstream's callbacks may run user code or wait), or, for an
@@ -131,11 +132,9 @@ class TorchAgent : public upstream::RpcAgent {
   // candidate for it runs on the pool and is timed (inline_script_calls.h).
   // False: not a candidate (serve() then, on the pool).
   bool serveCandidate(message::Message& request, const message::Reply& reply);
-  // Runs upstream's request and answers it; records the run's time in
-  // `callee`, if given, when it completed at once.
-  void process(upstream::Message& request, uint64_t id, const message::Reply& reply,
-               InlineScriptCalls::Callee* callee = nullptr);
-  // A candidate's run: a known builtin by InlineScriptCalls::runOperator, else process().
+  // Runs upstream's request through upstream's callback and answers it.
+  void process(upstream::Message& request, uint64_t id, const message::Reply& reply);
+  // A candidate's run: by InlineScriptCalls::run, else process().
   void processScriptCall(upstream::Message& request, uint64_t id, const message::Reply& reply,
                          InlineScriptCalls::Sighting& seen);
   // Completes upstream's future from torchrpc's (on a pool thread, or on

@@ -38,6 +38,16 @@ def checked(x: torch.Tensor) -> torch.Tensor:
     return x * 2
 
 
+@torch.jit.script
+def checked_in_a_loop(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Never bounded (a loop, a number argument): it runs on the pool."""
+    for _ in range(n):
+        x = x + 1
+    if bool(x.sum() > 100):
+        raise ValueError("too big")
+    return x
+
+
 def inline_calls():
     """Calls this worker ran on the thread that read them, so far."""
     from torchrpc import _C

@@ -282,6 +282,22 @@ def test_an_error_raised_where_it_was_read_is_upstreams_as_on_the_pool():
     assert "too big" in str(inline)
 
 
+def test_a_known_function_that_the_pool_runs_answers_as_upstreams_callback():
+    # Its first call goes through upstream's callback, which finds it; later
+    # calls run it from the arguments the reading thread decoded.
+    x = torch.ones(2)
+
+    def raised():
+        with pytest.raises(Exception) as info:
+            rpc.rpc_sync("worker1", I.checked_in_a_loop, args=(torch.full((2,), 100.0), 2))
+        return info.value
+
+    first, later = raised(), raised()
+    assert type(first) is type(later) and str(first) == str(later) and "too big" in str(later)
+    results, inlined = _calls(I.checked_in_a_loop, (x, 3), 5)
+    assert all(torch.equal(r, x + 3) for r in results) and inlined == 0
+
+
 def test_a_builtin_that_fails_where_it_was_read_fails_as_upstreams():
     # torchrpc runs a known builtin itself; a failure goes back to upstream's callback for upstream's error.
     def raised():
