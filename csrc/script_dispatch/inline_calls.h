@@ -45,8 +45,7 @@ class Registry;
 // says was not short is timed again by its thread's CPU time: a thread
 // that the scheduler took off its core mid-run (for another session's
 // threads, say) did not run long, and its callee should not lose its proof
-// for it. The CPU clock costs a system call (about 0.3 µs): its end is read
-// only then.
+// for it. The CPU clock costs a system call: its end is read only then.
 class RunTimer {
  public:
   RunTimer();
@@ -61,9 +60,8 @@ class RunTimer {
 // How a callee's runs to the end went. Any thread; lock-free.
 class RunRecord {
  public:
-  // A tiny TorchScript function took 7-14 µs of CPU on a pool thread and
-  // 11-35 µs on the I/O thread of a slow 2-core VM, which also runs at half
-  // speed for seconds at a time: the bound leaves such a function room.
+  // A tiny TorchScript function's runs on a slow machine's I/O thread come
+  // near 30 µs (benchmarks/HISTORY.md): the bound leaves such a function room.
   static constexpr std::chrono::microseconds kShortRun{100};
   // Longer than the scheduler keeps a runnable thread off its core, mostly.
   static constexpr std::chrono::milliseconds kLongRun{5};

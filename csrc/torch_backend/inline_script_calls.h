@@ -8,13 +8,14 @@
 // kMaxInputBytes of strided tensors and of payload, and no RRef (decoding
 // one would register it). The reading thread unpickles a candidate, with
 // no type resolver (an argument of a class type makes it no candidate), to
-// learn its callee's name. The first call of a name goes through upstream's
-// request callback on the pool, which finds the callee; from then on the
-// callee (a script_dispatch::Callee) runs the decoded arguments itself and
-// answers upstream's SCRIPT_RET, or upstream's EXCEPTION with what the run
-// threw, as upstream's callback would. It runs on the thread that read the
-// call once its time is bounded (script_dispatch/bounded.h) and its runs
-// proved short; on the pool otherwise. Upstream's callback still runs a
+// learn its callee's name. On the first call of a name a pool thread finds
+// the callee (a script_dispatch::Callee) as upstream's callback would,
+// decoding that call once more; every call then runs the decoded arguments
+// itself and answers upstream's SCRIPT_RET, or upstream's EXCEPTION with
+// what the run threw, as upstream's callback would. A call runs on the
+// thread that read it once its callee's time is bounded
+// (script_dispatch/bounded.h) and its runs proved short; on the pool
+// otherwise. Upstream's callback still runs a
 // call whose arguments do not fit the callee's schema, a callee that may
 // suspend, a builtin of several results (upstream refuses it), and every
 // call while a server-side profile (rpc._server_process_global_profile),

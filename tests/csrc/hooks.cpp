@@ -4,7 +4,6 @@
 
 #include <ATen/ops/ones.h>
 #include <torch/csrc/jit/mobile/type_parser.h>
-#include <torch/csrc/jit/runtime/operator.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -28,6 +27,7 @@
 #include "script_dispatch/bounded.h"
 #include "script_dispatch/exported_signature.h"
 #include "script_dispatch/inline_calls.h"
+#include "script_dispatch/registry.h"
 #include "transport/same_host.h"
 
 namespace py = pybind11;
@@ -414,11 +414,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   // Whose time the size of its tensor inputs bounds (tests/unit/test_bounded.py).
   m.def("bounded_operator", [](const std::string& name) {
-    const auto dot = name.find('.');
-    auto op = torch::jit::findOperatorFor(
-        c10::OperatorName(name.substr(0, dot), dot == std::string::npos ? "" : name.substr(dot + 1)));
-    TORCH_CHECK(op, "no operator ", name);
-    return torchrpc::script_dispatch::boundedOperator(op->schema());
+    auto callee = torchrpc::script_dispatch::Registry().findOperator(name);
+    TORCH_CHECK(callee, "no operator ", name);
+    return callee->bounded();
   });
   m.def("bounded_function", [](const torch::jit::StrongFunctionPtr& fn) {
     return torchrpc::script_dispatch::boundedRun(*fn.function_);

@@ -267,13 +267,18 @@ def test_a_script_call_that_ran_long_goes_back_to_the_pool_for_a_while():
     _prove(I.outer_sum, (small,))  # it comes back
 
 
+# Over 64 KB of tensors: no candidate, so upstream's callback runs the call
+# (the reference for what torchrpc's own runs must answer).
+_UPSTREAMS = 1 << 15
+
+
 def test_an_error_raised_where_it_was_read_is_upstreams_as_on_the_pool():
-    def raised():
+    def raised(n=2):
         with pytest.raises(Exception) as info:
-            rpc.rpc_sync("worker2", I.checked, args=(torch.full((2,), 100.0),))
+            rpc.rpc_sync("worker2", I.checked, args=(torch.full((n,), 100.0),))
         return info.value
 
-    on_the_pool = raised()  # its first run
+    on_the_pool = raised(_UPSTREAMS)  # upstream's callback
     _prove(I.checked, (torch.ones(2),), worker="worker2")
     before = _inline_on("worker2")
     inline = raised()
@@ -283,30 +288,30 @@ def test_an_error_raised_where_it_was_read_is_upstreams_as_on_the_pool():
 
 
 def test_a_known_function_that_the_pool_runs_answers_as_upstreams_callback():
-    # Its first call goes through upstream's callback, which finds it; later
-    # calls run it from the arguments the reading thread decoded.
+    # A known callee runs from the arguments the reading thread decoded;
+    # one that is not bounded runs so on the pool.
     x = torch.ones(2)
 
-    def raised():
+    def raised(n=2):
         with pytest.raises(Exception) as info:
-            rpc.rpc_sync("worker1", I.checked_in_a_loop, args=(torch.full((2,), 100.0), 2))
+            rpc.rpc_sync("worker1", I.checked_in_a_loop, args=(torch.full((n,), 100.0), 2))
         return info.value
 
-    first, later = raised(), raised()
+    first, later = raised(_UPSTREAMS), (raised(), raised())[1]  # upstream's callback, then torchrpc's run
     assert type(first) is type(later) and str(first) == str(later) and "too big" in str(later)
     results, inlined = _calls(I.checked_in_a_loop, (x, 3), 5)
     assert all(torch.equal(r, x + 3) for r in results) and inlined == 0
 
 
 def test_a_builtin_that_fails_where_it_was_read_fails_as_upstreams():
-    # torchrpc runs a known builtin itself; a failure goes back to upstream's callback for upstream's error.
-    def raised():
+    # torchrpc runs a known builtin itself and answers its failure as upstream's callback would.
+    def raised(width=1):
         with pytest.raises(Exception) as info:
-            rpc.rpc_sync("worker2", torch.mul, args=(torch.ones(2), torch.ones(3)))
+            rpc.rpc_sync("worker2", torch.mul, args=(torch.ones(2, width), torch.ones(3, width)))
         return info.value
 
-    on_the_pool = raised()  # its first run
-    _prove(torch.mul, (torch.ones(2), torch.ones(2)), worker="worker2")
+    on_the_pool = raised(_UPSTREAMS // 4)  # upstream's callback (the sizes in its text are the same)
+    _prove(torch.mul, (torch.ones(2, 1), torch.ones(2, 1)), worker="worker2")
     inline = raised()
     # Upstream's text ends with the C++ stack of the thread that ran it: the same up to there.
     first_line = str(inline).splitlines()[0]
