@@ -15,6 +15,8 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <cstdint>
+
 #include <memory>
 #include <string>
 
@@ -26,9 +28,23 @@ namespace torchrpc::script_dispatch {
 inline constexpr const char* kShippedFormat = "torchscript-zip/1";
 inline constexpr const char* kShippedPackageFormat = "aoti-package/1";
 
+// What a shipped zip's records may declare in all: torch allocates a
+// record's declared size before it reads it (or writes it to disk, for a
+// package), so a lying or deflated entry could make a small message hold
+// gigabytes. torch deflates code and debug info about 4-6x.
+inline constexpr uint64_t kMaxShippedInflation = 64;
+inline constexpr uint64_t kMaxShippedRecordBytes = uint64_t{1} << 30;
+
+// Refuses (c10::ValueError) a shipped zip that torch would trust too far: one
+// that is no torch archive, whose records declare more than the caps above,
+// or, with `pickles`, that holds a pickle message::checkPickle refuses.
+void checkShippedArchive(const std::string& bytes, bool pickles, const std::string& function,
+                         const std::string& worker);
+
 // The callee for a shipped function: from the registry by hash, else compiled
 // from `code` (checked against the hash), else nullptr (the caller must send
-// the code). Throws c10::ValueError on a format or hash mismatch.
+// the code). Throws c10::ValueError on a format or hash mismatch, or an
+// archive that checkShippedArchive refuses.
 std::shared_ptr<Callee> shippedCallee(Registry& registry, const c10::IValue& shipped,
                                       const std::string& function, const std::string& worker);
 

@@ -3,9 +3,11 @@ calls by name, @async_execution, and TorchScript deployment (save, load in
 another process). Every worker has ONE pool thread: nested calls must not
 deadlock, because waiting suspends the interpreter and frees the thread."""
 
+import io
 import os
 import subprocess
 import sys
+import zipfile
 
 import pytest
 import torch
@@ -295,6 +297,49 @@ def test_shipped_code_hash_or_format_mismatch_is_refused(unseen):
         call = agent.send(1, message, 10.0, "rpc_sync", "helper")
         ok, info = call.result()
         assert not ok and info[2] == "ValueError" and match in info[1], info
+
+
+def _rezipped(code, deflate=False, replace=None, add=None):
+    """The zip in `code` (a uint8 tensor) written again by Python's zipfile:
+    records replaced or added (by their name under the archive's folder)."""
+    src = zipfile.ZipFile(io.BytesIO(code.numpy().tobytes()))
+    folder = src.infolist()[0].filename.split("/")[0]
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED) as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, (replace or {}).get(info.filename.split("/", 1)[1], src.read(info)))
+        for name, data in (add or {}).items():
+            dst.writestr(f"{folder}/{name}", data)
+    return out.getvalue()
+
+
+def test_shipped_code_that_torch_would_trust_too_far_is_refused(unseen):
+    # torch allocates what a zip record or a pickle declares before reading it:
+    # a few KB could make the callee hold gigabytes.
+    import hashlib
+
+    from torchrpc import shipped_code
+    from torchrpc._extension import native
+
+    agent = rpc.state.current().agent
+    fmt, _, code = shipped_code.with_code(unseen.helper, 1)
+    archive = zipfile.ZipFile(io.BytesIO(code.numpy().tobytes()))
+    constants = archive.read(next(n for n in archive.namelist() if n.endswith("/constants.pkl")))
+    assert torch.jit.load(io.BytesIO(_rezipped(code, deflate=True)))(X).equal(X * 7)  # a rezipped one still loads
+    cases = [
+        # a record torch reads whole, deflated from 32 MB (its pickle ends early)
+        (_rezipped(code, deflate=True, replace={"constants.pkl": constants + bytes(32 << 20)}),
+         "bytes of records in an archive of"),
+        # BINUNICODE declaring 2 GB, in the pickle torch reads first
+        (_rezipped(code, replace={"data.pkl": b"\x80\x02X\x00\x00\x00\x80ab."}), "holds a malformed pickle, data.pkl"),
+        (b"PK\x03\x04" + bytes(100), "is not a readable torch archive"),
+    ]
+    for data, match in cases:
+        shipped = (fmt, hashlib.sha1(data).hexdigest(), torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        message = native().script_message("helper", "", unseen.helper, (X,), {}, shipped, False)
+        ok, info = agent.send(1, message, 10.0, "rpc_sync", "helper").result()
+        assert not ok and info[2] == "ValueError" and match in info[1] and "worker1" in info[1], info
+    assert torch.equal(rpc.rpc_sync("worker1", unseen.shipped, args=(X,)), X * 7 + 2)  # the callee still serves
 
 
 @pytest.mark.parametrize("kind", ["rpc_sync", "rpc_async"])
