@@ -15,6 +15,7 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include <memory>
@@ -35,9 +36,25 @@ inline constexpr const char* kShippedPackageFormat = "aoti-package/1";
 inline constexpr uint64_t kMaxShippedInflation = 64;
 inline constexpr uint64_t kMaxShippedRecordBytes = uint64_t{1} << 30;
 
+// How deep a shipped TorchScript source may nest: torch's parser and
+// compiler recurse once per level (an operator chain's length counts, as
+// its tree is that deep), and overflowed an 8 MB stack between 5,000 and
+// 20,000 levels. torch prints code with one operation per statement.
+inline constexpr size_t kMaxShippedSourceDepth = 1000;
+
+// The deepest nesting in a TorchScript source, as an upper bound (each
+// column of indentation, operator, call, subscript and bracket a level;
+// strings and comments none), and the line where it is.
+struct ShippedDepth {
+  size_t depth = 0;
+  size_t line = 0;
+};
+ShippedDepth shippedSourceDepth(const char* source, size_t size);
+
 // Refuses (c10::ValueError) a shipped zip that torch would trust too far: one
 // that is no torch archive, whose records declare more than the caps above,
-// or, with `pickles`, that holds a pickle message::checkPickle refuses.
+// or, with `pickles` (a TorchScript zip), whose pickles message::checkPickle
+// refuses or whose code nests deeper than kMaxShippedSourceDepth.
 void checkShippedArchive(const std::string& bytes, bool pickles, const std::string& function,
                          const std::string& worker);
 

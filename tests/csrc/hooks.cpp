@@ -28,6 +28,7 @@
 #include "script_dispatch/exported_signature.h"
 #include "script_dispatch/inline_calls.h"
 #include "script_dispatch/registry.h"
+#include "script_dispatch/shipped_code.h"
 #include "transport/same_host.h"
 
 namespace py = pybind11;
@@ -420,6 +421,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("bounded_function", [](const torch::jit::StrongFunctionPtr& fn) {
     return torchrpc::script_dispatch::boundedRun(*fn.function_);
+  });
+
+  // How deep shipped TorchScript source nests, and where (tests/unit/test_shipped_code.py).
+  m.def("shipped_source_depth", [](const std::string& source) {
+    auto d = torchrpc::script_dispatch::shippedSourceDepth(source.data(), source.size());
+    return std::make_pair(d.depth, d.line);
   });
 
   // Whether `runs` runs, each `busyUs` of work then `offCoreUs` asleep (as a

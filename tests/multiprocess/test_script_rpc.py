@@ -325,6 +325,8 @@ def test_shipped_code_that_torch_would_trust_too_far_is_refused(unseen):
     fmt, _, code = shipped_code.with_code(unseen.helper, 1)
     archive = zipfile.ZipFile(io.BytesIO(code.numpy().tobytes()))
     constants = archive.read(next(n for n in archive.namelist() if n.endswith("/constants.pkl")))
+    source = archive.read(next(n for n in archive.namelist() if n.endswith("/code/__torch__.py")))
+    assert b"torch.mul(x, 7)" in source
     assert torch.jit.load(io.BytesIO(_rezipped(code, deflate=True)))(X).equal(X * 7)  # a rezipped one still loads
     cases = [
         # a record torch reads whole, deflated from 32 MB (its pickle ends early)
@@ -333,6 +335,9 @@ def test_shipped_code_that_torch_would_trust_too_far_is_refused(unseen):
         # BINUNICODE declaring 2 GB, in the pickle torch reads first
         (_rezipped(code, replace={"data.pkl": b"\x80\x02X\x00\x00\x00\x80ab."}), "holds a malformed pickle, data.pkl"),
         (b"PK\x03\x04" + bytes(100), "is not a readable torch archive"),
+        # 20,000 terms: torch's compiler recursed through them until SIGSEGV
+        (_rezipped(code, replace={"code/__torch__.py": source.replace(b"torch.mul(x, 7)", b"x + " * 20000 + b"x")}),
+         "levels deep at code/__torch__.py:"),
     ]
     for data, match in cases:
         shipped = (fmt, hashlib.sha1(data).hexdigest(), torch.frombuffer(bytearray(data), dtype=torch.uint8))
