@@ -20,6 +20,16 @@ thread_local UnpickleScope* currentUnpickleScope = nullptr;
 
 constexpr const char* kCustomClassPrefix = "__torch__.torch.classes.";
 
+}  // namespace
+
+c10::TypePtr boundedTypeParser(const std::string& tag) {
+  const std::string wrong = checkTypeTag(tag);
+  TORCH_CHECK(wrong.empty(), "a message holds ", wrong, "; send flatter values");
+  return torch::jit::Unpickler::defaultTypeParser(tag);
+}
+
+namespace {
+
 // The type of a container's tag, parsed once per distinct tag: the TorchScript
 // parser took about 1% of a tiny call's CPU, run for every message's dict or list.
 // A few tags cover real traffic; past kMaxTags new ones are parsed each time.
@@ -32,7 +42,7 @@ c10::TypePtr parsedTypeTag(const std::string& tag) {
     auto it = parsed.find(tag);
     if (it != parsed.end()) return it->second;
   }
-  auto type = torch::jit::Unpickler::defaultTypeParser(tag);
+  auto type = boundedTypeParser(tag);
   TORCH_CHECK(!type->cast<c10::ClassType>(), "a message holds an object of class '", tag,
               "'; only tensors, plain values and torch.classes objects (RRefs) can be sent");
   std::lock_guard<std::mutex> lock(mutex);

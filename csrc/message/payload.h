@@ -19,6 +19,10 @@ namespace torchrpc::message {
 // Encodes `value` into a message: plain_codec.h's form, or a pickle (inside a
 // PickleScope, see below).
 Message ivalueMessage(MessageType type, uint64_t id, const c10::IValue& value);
+
+// torch's type parser for a pickle's type tags, once checkTypeTag
+// (message/pickle_check.h) passes the tag; throws what it refuses.
+c10::TypePtr boundedTypeParser(const std::string& tag);
 // Decodes a message (a pickle inside an UnpickleScope). Objects of TorchScript custom
 // classes (torch.classes.*) are rebuilt with their class's __setstate__.
 // `awaited`, if given, receives the futures the value must wait for before it

@@ -1,5 +1,6 @@
 #include "message/pickle_check.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -97,6 +98,17 @@ std::string checkPickle(const char* data, size_t size) {
     }
   }
   return "pickle ends without STOP";
+}
+
+std::string checkTypeTag(const std::string& tag) {
+  size_t depth = 0, deepest = 0;
+  for (char c : tag) {
+    if (c == '[' || c == '(') deepest = std::max(deepest, ++depth);
+    if ((c == ']' || c == ')') && depth > 0) --depth;
+  }
+  if (deepest <= kMaxTypeTagDepth) return "";
+  return "a type tag nested " + std::to_string(deepest) + " levels deep, over the cap of " +
+         std::to_string(kMaxTypeTagDepth);
 }
 
 }  // namespace torchrpc::message

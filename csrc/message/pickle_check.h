@@ -20,4 +20,12 @@ namespace torchrpc::message {
 // "" if `data` may be unpickled, else what is wrong with it.
 std::string checkPickle(const char* data, size_t size);
 
+// How deep a pickle's type tag ("Dict[str, List[int]]", a container's
+// TorchScript type) may nest: torch's type parsers recurse once per level,
+// and a tag of 5,000 levels (30 KB) overflowed an 8 MB stack.
+inline constexpr size_t kMaxTypeTagDepth = 100;
+
+// "" if torch may parse `tag` as a type, else what is wrong with it.
+std::string checkTypeTag(const std::string& tag);
+
 }  // namespace torchrpc::message

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "message/payload.h"
 #include "message/pickle_check.h"
 #include "script_dispatch/inline_calls.h"
 
@@ -50,7 +51,8 @@ InlineScriptCalls::Sighting InlineScriptCalls::see(const upstream::Message& requ
     // (arguments..., operator schema, operator name).
     const auto& payload = request.payload();
     if (!message::checkPickle(payload.data(), payload.size()).empty()) return {};  // upstream's callback decodes it, on the pool
-    const auto call = torch::jit::unpickle(payload.data(), payload.size(), nullptr, request.tensors());
+    const auto call =
+        torch::jit::unpickle(payload.data(), payload.size(), nullptr, request.tensors(), message::boundedTypeParser);
     const auto& el = call.toTupleRef().elements();
     if (el.size() < 2 || !el.back().isString()) return {};
     const auto& before = el[el.size() - 2];

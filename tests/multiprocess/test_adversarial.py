@@ -24,10 +24,10 @@ MB = 1 << 20
 
 @pytest.fixture(scope="module")
 def job():
-    # worker1 takes most attacks; worker2 and worker3 one each of those that
-    # killed the worker when these tests were written, so that such a crash
-    # fails only its own test
-    with Cluster(4, secret=SECRET) as c:
+    # worker1 takes most attacks; worker2, worker3 and worker4 one each of
+    # those that killed the worker when these tests were written, so that
+    # such a crash fails only its own test
+    with Cluster(5, secret=SECRET) as c:
         yield c
 
 
@@ -233,6 +233,33 @@ def test_running_out_of_file_descriptors_backs_off(job, target):
     with raw_peer.connect(target.address, SECRET, rank=0, timeout=5) as s:
         s.sendall(fuzz.script_call(1, "tests.triple", (torch.ones(1),)))
         assert fuzz.read_frame(s)[:2] == (fuzz.TYPES["SCRIPT_RET"], 1)
+
+
+class _Tagged:
+    """An empty list that its pickle tags with a TorchScript type, as torch
+    pickles a typed container (torch.jit._pickle.restore_type_tag)."""
+
+    def __init__(self, tag):
+        self.tag = tag
+
+    def __reduce__(self):
+        from torch.jit._pickle import restore_type_tag
+
+        return restore_type_tag, ([], self.tag)
+
+
+def test_a_type_tag_nested_past_the_cap_is_answered_at_once(job):
+    """torch's type parser recurses once per level of a container's type tag:
+    a tag of 5,000 levels (30 KB) crashed a worker with a stack overflow."""
+    target = _target(4)
+    deep = "List[" * 20000 + "int" + "]" * 20000
+    with raw_peer.connect(target.address, SECRET, rank=0) as s:
+        s.settimeout(20)
+        s.sendall(fuzz.script_call(1, "tests.add", (_Tagged(deep), 1)))
+        type_, id_, answer = fuzz.read_frame(s)
+    assert (type_, id_) == (fuzz.TYPES["EXCEPTION"], 1)
+    assert b"a type tag nested 20000 levels deep, over the cap of 100" in answer
+    _still_serves(job, target, "a type tag nested 20,000 levels deep")
 
 
 @pytest.mark.parametrize("rank, dtype, sizes, what", [

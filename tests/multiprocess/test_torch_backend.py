@@ -48,6 +48,17 @@ def test_rpc_sync_of_a_builtin():
     assert_close(rpc.rpc_sync("worker1", torch.add, args=(torch.ones(2, 3), 1)), torch.full((2, 3), 2.0))
 
 
+def test_a_type_tag_nested_past_the_cap_is_refused_with_a_clear_error():
+    # torch's type parsers recurse once per level of a container's type tag
+    # (a 30 KB tag of 5,000 levels crashed a worker): the callee refuses one
+    # nested past the cap before parsing it, in upstream's callback too.
+    assert rpc.rpc_sync("worker1", F.len_at_the_cap, args=(F.nested(100),)) == 1
+    for _ in range(2):  # the callback, then a known callee's call decoded where it was read
+        with pytest.raises(Exception, match="a type tag nested 101 levels deep, over the cap of 100"):
+            rpc.rpc_sync("worker1", F.len_past_the_cap, args=(F.nested(101),))
+    assert rpc.rpc_sync("worker1", F.len_at_the_cap, args=(F.nested(100),)) == 1
+
+
 def test_rpc_async_of_a_python_function_many_in_flight():
     futures = [rpc.rpc_async(f"worker{1 + i % 2}", F.add, args=(torch.tensor([i]), i)) for i in range(64)]
     assert [int(f.wait()) for f in futures] == [2 * i for i in range(64)]

@@ -4,6 +4,7 @@ by every worker: upstream's pickler sends Python functions by reference."""
 import os
 import threading
 import time
+import typing
 
 import torch
 import torch.distributed.rpc as rpc
@@ -114,3 +115,29 @@ def profiled_events(profile_rref):
     """The operator names a server-side profile (rpc._server_process_global_profile) recorded."""
     events = profile_rref.local_value().process_global_function_events  # a list per thread
     return [e.name for thread in events for e in thread]
+
+
+# Lists nested 100 levels deep (message::kMaxTypeTagDepth) and one more: a
+# call's type tag may nest as deep as the cap, and no deeper.
+AtTheCap = typing.List[int]
+for _ in range(99):
+    AtTheCap = typing.List[AtTheCap]
+PastTheCap = typing.List[AtTheCap]
+
+
+@torch.jit.script
+def len_at_the_cap(x: AtTheCap) -> int:
+    return len(x)
+
+
+@torch.jit.script
+def len_past_the_cap(x: PastTheCap) -> int:
+    return len(x)
+
+
+def nested(depth):
+    """[[...[1]...]], `depth` lists deep."""
+    value = [1]
+    for _ in range(depth - 1):
+        value = [value]
+    return value
