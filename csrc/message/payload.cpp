@@ -123,7 +123,7 @@ c10::IValue messageIValue(const Message& message, std::vector<c10::intrusive_ptr
     TORCH_CHECK(bad.empty(), "malformed ", messageTypeName(message.type), " payload: ", bad);
     return value;
   }
-  const std::string bad = checkPickle(message.payload.data(), message.payload.size());
+  const std::string bad = checkPickle(message.payload.data(), message.payload.size(), /*torchValues=*/true);
   TORCH_CHECK(bad.empty(), "malformed ", messageTypeName(message.type), " payload: ", bad);
   UnpickleScope scope;
   c10::IValue value = torch::jit::unpickle(message.payload.data(), message.payload.size(), loadObject,

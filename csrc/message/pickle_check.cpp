@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 namespace torchrpc::message {
 
@@ -16,9 +19,176 @@ uint64_t readLength(const char* p, size_t n) {
   return v;
 }
 
+// The values a pickle for torch's unpickler builds, as a graph: each
+// container, object or call result is a node, with an edge to every value
+// put in it; numbers, strings, globals and tensors are leaves (-1). The
+// stack and the memo hold nodes, so an alias (memo get, DUP) is the same
+// node. Thread-local buffers: a tiny payload allocates nothing.
+class ValueGraph {
+ public:
+  void reset() {
+    stack_.clear();
+    marks_.clear();
+    memo_.clear();
+    children_.clear();
+    firstChild_.clear();
+    called_.clear();
+  }
+
+  // False if the pickle pops past its stack or a mark, or adds to a call's result.
+  bool step(unsigned char op, uint64_t index, uint64_t memoized) {
+    switch (op) {
+      case '(': marks_.push_back(stack_.size()); return true;
+      case '0':  // POP: an item, or the mark on top
+        if (stack_.size() > floor()) {
+          stack_.pop_back();
+          return true;
+        }
+        if (marks_.empty()) return false;
+        marks_.pop_back();
+        return true;
+      case '1': return popToMark(nullptr);  // POP_MARK
+      case '2':  // DUP
+        if (stack_.size() <= floor()) return false;
+        stack_.push_back(stack_.back());
+        return true;
+      case ']': case '}': case ')': case 0x8f: stack_.push_back(node(false)); return true;  // empty containers
+      case 'l': case 't': case 'd': case 0x91: case 'o': case 'i': {  // built from what follows the mark
+        std::vector<int32_t>& items = scratch_;
+        if (!popToMark(&items)) return false;
+        const int32_t made = node(false);
+        for (int32_t item : items) edge(made, item);
+        stack_.push_back(made);
+        return true;
+      }
+      case 0x85: case 0x86: case 0x87: return combine(op - 0x84, false);  // TUPLE1-3
+      case 'R': return combine(2, true);                                 // REDUCE: callable, arguments
+      case 0x81: return combine(2, false);                               // NEWOBJ: class, arguments
+      case 0x92: return combine(3, false);                               // NEWOBJ_EX
+      case 'a': case 's': case 'b': {  // APPEND, SETITEM, BUILD: into the item below
+        const size_t n = op == 's' ? 2 : 1;
+        if (stack_.size() < floor() + n + 1) return false;
+        const int32_t into = stack_[stack_.size() - n - 1];
+        if (into >= 0 && called_[into]) return false;
+        for (size_t i = 0; i < n; ++i) edge(into, pop());
+        return true;
+      }
+      case 'e': case 'u': case 0x90: {  // APPENDS, SETITEMS, ADDITEMS: what follows the mark
+        std::vector<int32_t>& items = scratch_;
+        if (!popToMark(&items) || stack_.empty()) return false;
+        const int32_t into = stack_.back();
+        if (into >= 0 && called_[into]) return false;
+        for (int32_t item : items) edge(into, item);
+        return true;
+      }
+      case 'p': case 'q': case 'r': case 0x94: {  // PUT, BINPUT, LONG_BINPUT, MEMOIZE
+        if (stack_.size() <= floor()) return false;
+        const uint64_t at = op == 0x94 ? memoized : index;
+        if (memo_.size() <= at) memo_.resize(at + 1, -1);
+        memo_[at] = stack_.back();
+        return true;
+      }
+      case 'g': case 'h': case 'j':  // GET, BINGET, LONG_BINGET
+        stack_.push_back(index < memo_.size() ? memo_[index] : -1);
+        return true;
+      case 0x93: case 'Q': case 0x98:  // STACK_GLOBAL (2 -> 1), BINPERSID, READONLY_BUFFER (1 -> 1)
+        if (stack_.size() < floor() + (op == 0x93 ? 2 : 1)) return false;
+        stack_.resize(stack_.size() - (op == 0x93 ? 2 : 1));
+        stack_.push_back(-1);
+        return true;
+      case 0x80: case 0x95: case '.': return true;  // PROTO, FRAME, STOP
+      default: stack_.push_back(-1); return true;  // the rest push one leaf
+    }
+  }
+
+  // "" if the nodes nest at most kMaxValueDepth deep and none contains itself.
+  std::string depthError() {
+    const size_t n = firstChild_.size();
+    // Children of a node, linked from children_ (child, next) pairs; depth
+    // by an iterative post-order walk (0: unseen, -1: on the path).
+    depth_.assign(n, 0);
+    for (size_t root = 0; root < n; ++root) {
+      if (depth_[root] != 0) continue;
+      walk_.clear();
+      walk_.push_back({static_cast<int32_t>(root), firstChild_[root]});
+      depth_[root] = -1;
+      while (!walk_.empty()) {
+        auto& [at, next] = walk_.back();
+        if (next >= 0) {
+          const int32_t child = children_[next].first;
+          next = children_[next].second;
+          if (depth_[child] == -1) return "pickle builds a value that contains itself";
+          if (depth_[child] == 0) {
+            depth_[child] = -1;
+            walk_.push_back({child, firstChild_[child]});
+          }
+          continue;
+        }
+        int64_t deepest = 0;
+        for (int32_t e = firstChild_[at]; e >= 0; e = children_[e].second) {
+          deepest = std::max(deepest, depth_[children_[e].first]);
+        }
+        depth_[at] = deepest + 1;
+        if (static_cast<size_t>(depth_[at]) > kMaxValueDepth) {
+          return "pickle nests values over " + std::to_string(kMaxValueDepth) + " levels deep (the cap)";
+        }
+        walk_.pop_back();
+      }
+    }
+    return "";
+  }
+
+ private:
+  size_t floor() const { return marks_.empty() ? 0 : marks_.back(); }
+
+  int32_t pop() {
+    const int32_t top = stack_.back();
+    stack_.pop_back();
+    return top;
+  }
+
+  bool popToMark(std::vector<int32_t>* items) {
+    if (marks_.empty()) return false;
+    if (items != nullptr) items->assign(stack_.begin() + static_cast<std::ptrdiff_t>(marks_.back()), stack_.end());
+    stack_.resize(marks_.back());
+    marks_.pop_back();
+    return true;
+  }
+
+  // Pops n items into a new node (a call's result if `called`).
+  bool combine(size_t n, bool called) {
+    if (stack_.size() < floor() + n) return false;
+    const int32_t made = node(called);
+    for (size_t i = 0; i < n; ++i) edge(made, pop());
+    stack_.push_back(made);
+    return true;
+  }
+
+  int32_t node(bool called) {
+    firstChild_.push_back(-1);
+    called_.push_back(called);
+    return static_cast<int32_t>(firstChild_.size() - 1);
+  }
+
+  void edge(int32_t from, int32_t to) {
+    if (from < 0 || to < 0) return;
+    children_.push_back({to, firstChild_[from]});
+    firstChild_[from] = static_cast<int32_t>(children_.size() - 1);
+  }
+
+  std::vector<int32_t> stack_, memo_, scratch_, firstChild_;
+  std::vector<size_t> marks_;
+  std::vector<std::pair<int32_t, int32_t>> children_;  // (child, next edge of the same node)
+  std::vector<bool> called_;
+  std::vector<int64_t> depth_;
+  std::vector<std::pair<int32_t, int32_t>> walk_;  // (node, next edge to visit)
+};
+
 }  // namespace
 
-std::string checkPickle(const char* data, size_t size) {
+std::string checkPickle(const char* data, size_t size, bool torchValues) {
+  thread_local ValueGraph graph;
+  if (torchValues) graph.reset();
   size_t pos = 0;
   uint64_t memoized = 0;  // memo entries so far (puts)
   auto at = [&](size_t opcodeAt) {
@@ -37,7 +207,8 @@ std::string checkPickle(const char* data, size_t size) {
     uint64_t putIndex = 0;  // a memo put's index
     switch (op) {
       case '.':  // STOP
-        return pos == size ? "" : "pickle has " + std::to_string(size - pos) + " bytes after its STOP";
+        if (pos != size) return "pickle has " + std::to_string(size - pos) + " bytes after its STOP";
+        return torchValues ? graph.depthError() : "";
       case '(': case '0': case '1': case '2': case 'N': case 'Q': case 'R': case 'a': case 'b': case 'd':
       case '}': case 'e': case 'l': case ']': case 'o': case 's': case 't': case ')': case 'u':
       case 0x81: case 0x85: case 0x86: case 0x87: case 0x88: case 0x89: case 0x8f: case 0x90: case 0x91:
@@ -94,8 +265,16 @@ std::string checkPickle(const char* data, size_t size) {
         return "pickle memo index " + std::to_string(putIndex) + " skips ahead of the " + std::to_string(memoized) +
                " entries memoized" + at(start);
       }
-      ++memoized;
     }
+    if (torchValues) {
+      uint64_t index = putIndex;
+      if (op == 'h' || op == 'j') index = readLength(data + start + 1, op == 'h' ? 1 : 4);
+      if (op == 'g') index = std::strtoull(data + start + 1, nullptr, 10);
+      if (!graph.step(op, index, op == 0x94 ? memoized - 1 : memoized)) {
+        return "pickle pops past its stack, or adds to what a call returned" + at(start);
+      }
+    }
+    if (memoPut) ++memoized;
   }
   return "pickle ends without STOP";
 }

@@ -142,7 +142,7 @@ void checkShippedArchive(const std::string& bytes, bool pickles, const std::stri
     }
     if (!endsWith(name, ".pkl") && !endsWith(name, ".debug_pkl")) continue;
     auto [data, size] = reader->getRecord(name);
-    const std::string wrong = message::checkPickle(static_cast<const char*>(data.get()), size);
+    const std::string wrong = message::checkPickle(static_cast<const char*>(data.get()), size, /*torchValues=*/true);
     if (!wrong.empty()) {
       C10_THROW_ERROR(ValueError, what + " holds a malformed pickle, " + name + ": " + wrong + "; refusing to load it");
     }

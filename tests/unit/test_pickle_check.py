@@ -68,3 +68,54 @@ def test_pythons_unpickler_never_reads_a_refused_pickle():
 ])
 def test_truncated_or_foreign_pickles_are_refused(data, why):
     assert why in check(data)
+
+
+# ---- the values torch's unpickler would build (checkPickle's torchValues) ----
+
+def _decode(payload):
+    from tests.csrc import hooks
+
+    return hooks().decode_payload(payload, [])
+
+
+def _nested(depth):
+    """Protocol 2: `depth` empty lists pushed, then each appended into the one below."""
+    return b"\x80\x02" + b"]" * depth + b"a" * (depth - 1) + b"."
+
+
+def test_values_nested_to_the_cap_decode_and_deeper_are_refused():
+    # 100,000 nested lists (200 KB) crashed the decoding thread with a stack overflow.
+    value, _ = _decode(_nested(1000))
+    depth = 0
+    while isinstance(value, list) and value:
+        value, depth = value[0], depth + 1
+    assert depth == 999
+    for depth in (1001, 100_000):
+        with pytest.raises(RuntimeError, match="pickle nests values over 1000 levels deep"):
+            _decode(_nested(depth))
+
+
+def test_a_chain_through_the_memo_is_followed():
+    # Each list appended into the last one fetched from the memo: the stack
+    # stays two deep while the value nests 5,000 levels.
+    payload = b"\x80\x02]q\x00" + b"".join(
+        b"h" + bytes([i % 2]) + b"]q" + bytes([(i + 1) % 2]) + b"a0" for i in range(5000)) + b"N."
+    with pytest.raises(RuntimeError, match="pickle nests values over 1000 levels deep"):
+        _decode(payload)
+
+
+def test_a_value_that_contains_itself_or_grows_a_call_result_is_refused():
+    with pytest.raises(RuntimeError, match="contains itself"):
+        _decode(b"\x80\x02]q\x00h\x00a.")
+    grown = b"\x80\x02ctorch.jit._pickle\nrestore_type_tag\n](X\x09\x00\x00\x00List[int]\x86R]a."
+    with pytest.raises(RuntimeError, match="adds to what a call returned"):
+        _decode(grown)
+
+
+def test_what_torchs_pickler_writes_decodes():
+    from tests.csrc import hooks
+
+    for value, type_ in [({"a": [[1, 2], [3]], "b": (1.5, "x")}, "Dict[str, Any]"), ([[[1]]] * 3, ""),
+                         ((torch.ones(2), [torch.zeros(1)] * 2), "")]:
+        payload, tensors = hooks().encode_payload(value, type_)
+        assert hooks().decode_payload(payload, tensors)[0] is not None
