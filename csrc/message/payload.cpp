@@ -22,9 +22,13 @@ constexpr const char* kCustomClassPrefix = "__torch__.torch.classes.";
 
 }  // namespace
 
-c10::TypePtr boundedTypeParser(const std::string& tag) {
+void requireTypeTag(const std::string& tag) {
   const std::string wrong = checkTypeTag(tag);
   TORCH_CHECK(wrong.empty(), "a message holds ", wrong, "; send flatter values");
+}
+
+c10::TypePtr boundedTypeParser(const std::string& tag) {
+  requireTypeTag(tag);
   return torch::jit::Unpickler::defaultTypeParser(tag);
 }
 

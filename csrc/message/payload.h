@@ -20,8 +20,9 @@ namespace torchrpc::message {
 // PickleScope, see below).
 Message ivalueMessage(MessageType type, uint64_t id, const c10::IValue& value);
 
-// torch's type parser for a pickle's type tags, once checkTypeTag
-// (message/pickle_check.h) passes the tag; throws what it refuses.
+// Throws what checkTypeTag (message/pickle_check.h) finds wrong with `tag`.
+void requireTypeTag(const std::string& tag);
+// torch's type parser for a pickle's type tags, once requireTypeTag passes the tag.
 c10::TypePtr boundedTypeParser(const std::string& tag);
 // Decodes a message (a pickle inside an UnpickleScope). Objects of TorchScript custom
 // classes (torch.classes.*) are rebuilt with their class's __setstate__.

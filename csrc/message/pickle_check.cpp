@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -23,16 +24,21 @@ uint64_t readLength(const char* p, size_t n) {
 // container, object or call result is a node, with an edge to every value
 // put in it; numbers, strings, globals and tensors are leaves (-1). The
 // stack and the memo hold nodes, so an alias (memo get, DUP) is the same
-// node. Thread-local buffers: a tiny payload allocates nothing.
+// node. Thread-local buffers: a tiny payload allocates nothing, and a large
+// one's buffers are freed by the next check.
 class ValueGraph {
  public:
   void reset() {
-    stack_.clear();
-    marks_.clear();
-    memo_.clear();
-    children_.clear();
-    firstChild_.clear();
-    called_.clear();
+    constexpr size_t kKept = 1 << 12;  // entries a buffer keeps between checks
+    auto clear = [](auto& v) {
+      if (v.capacity() > kKept) {
+        std::decay_t<decltype(v)>().swap(v);
+      } else {
+        v.clear();
+      }
+    };
+    clear(stack_), clear(marks_), clear(memo_), clear(scratch_), clear(children_), clear(firstChild_);
+    clear(called_), clear(depth_), clear(walk_);
   }
 
   // False if the pickle pops past its stack or a mark, or adds to a call's result.

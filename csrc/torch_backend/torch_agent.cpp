@@ -12,7 +12,6 @@
 
 #include "common/error.h"
 #include "message/payload.h"
-#include "message/pickle_check.h"
 #include "torch_backend/envelope.h"
 #include "worker/worker.h"
 
@@ -123,11 +122,10 @@ TorchAgent::~TorchAgent() { shutdown(); }
 void TorchAgent::startImpl() {
   // Upstream set its type resolver (a TorchScript type parser, which recurses
   // once per level of a type tag) just before start(): it now parses only
-  // tags that message::checkTypeTag passes.
+  // tags that message::requireTypeTag passes.
   if (auto upstreams = getTypeResolver()) {
     setTypeResolver(std::make_shared<upstream::TypeResolver>([upstreams](const c10::QualifiedName& name) {
-      const std::string wrong = message::checkTypeTag(name.qualifiedName());
-      TORCH_CHECK(wrong.empty(), "a message holds ", wrong, "; send flatter values");
+      message::requireTypeTag(name.qualifiedName());
       return (*upstreams)(name);
     }));
   }
