@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "torch_backend/upstream_payloads.h"
+
 namespace torchrpc::torch_backend {
 
 namespace {
@@ -33,6 +35,10 @@ c10::intrusive_ptr<upstream::Message> unwrap(const char* data, size_t size, std:
       tensors[i].requires_grad_(true);
     }
   }
+  const std::string bad =
+      checkUpstreamPayload(static_cast<upstream::MessageType>(type), data + header, size - header, tensors);
+  TORCH_CHECK(bad.empty(), "malformed TORCH_", request ? "REQUEST" : "RESPONSE", " frame: upstream's ",
+              upstreamTypeName(static_cast<upstream::MessageType>(type)), " ", bad);
   std::vector<char> payload(data + header, data + size);
   auto m = c10::make_intrusive<upstream::Message>(std::move(payload), std::move(tensors),
                                                   static_cast<upstream::MessageType>(type));

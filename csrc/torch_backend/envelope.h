@@ -7,8 +7,8 @@
 // autograd attaches its functions only to tensors that do, and TensorPipe's
 // pickled tensors keep the flag), then the payload bytes. The tensors travel
 // in the frame's tensor list, as every message's do (message/wire.h).
-// torchrpc never looks inside the payload: upstream's request callback
-// decodes it, as with TensorPipe.
+// Upstream's decoders read the payload, as with TensorPipe, once
+// upstream_payloads.h has checked it.
 //
 // Threads: pure functions, any thread.
 
@@ -28,12 +28,14 @@ namespace upstream = torch::distributed::rpc;
 message::Message wrap(message::MessageType type, upstream::Message& m, uint64_t id = 0);
 
 // Upstream's request from a TORCH_REQUEST frame; throws c10::Error if the
-// frame is malformed or holds a message that is not a request.
+// frame is malformed, holds a message that is not a request, or a payload
+// upstream's decoders may not read (checkUpstreamPayload).
 c10::intrusive_ptr<upstream::Message> unwrapRequest(message::Message&& frame);
 
 // Upstream's response from what agent::Agent::send completes a TORCH_RESPONSE
 // with: the tuple (payload as a uint8 tensor, tensors). Throws c10::Error if it
-// is malformed or holds a message that is not a response.
+// is malformed, holds a message that is not a response, or a payload
+// upstream's decoders may not read.
 c10::intrusive_ptr<upstream::Message> unwrapResponse(const c10::IValue& raw);
 
 // "PYTHON_CALL", "SCRIPT_REMOTE_CALL", ...: upstream's name of a message type.

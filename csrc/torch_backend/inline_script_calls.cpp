@@ -11,7 +11,6 @@
 #include <mutex>
 
 #include "message/payload.h"
-#include "message/pickle_check.h"
 #include "script_dispatch/inline_calls.h"
 
 namespace torchrpc::torch_backend {
@@ -50,7 +49,6 @@ InlineScriptCalls::Sighting InlineScriptCalls::see(const upstream::Message& requ
     // Upstream's SCRIPT_CALL: (arguments..., async execution, function) or
     // (arguments..., operator schema, operator name).
     const auto& payload = request.payload();
-    if (!message::checkPickle(payload.data(), payload.size(), /*torchValues=*/true).empty()) return {};  // upstream's callback decodes it, on the pool
     const auto call =
         torch::jit::unpickle(payload.data(), payload.size(), nullptr, request.tensors(), message::boundedTypeParser);
     const auto& el = call.toTupleRef().elements();

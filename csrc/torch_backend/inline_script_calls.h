@@ -59,7 +59,8 @@ class InlineScriptCalls {
 
   // Whether a TORCH_REQUEST frame holds a candidate (above). Reads the frame only.
   static bool candidate(const message::Message& frame);
-  // Decodes a candidate's call; never throws (a call it cannot decode is no candidate).
+  // Decodes a candidate's call, which unwrapRequest checked (envelope.h); never
+  // throws (a call it cannot decode is no candidate).
   Sighting see(const upstream::Message& request) const;
   // The sighting's callee, made on its first run (from upstream's decoding
   // of `request`); null if it has no name or names no function or operator

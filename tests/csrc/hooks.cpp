@@ -8,6 +8,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstring>
+#include <map>
 #include <memory>
 #include <thread>
 #include <tuple>
@@ -29,6 +30,8 @@
 #include "script_dispatch/inline_calls.h"
 #include "script_dispatch/registry.h"
 #include "script_dispatch/shipped_code.h"
+#include "torch_backend/envelope.h"
+#include "torch_backend/upstream_payloads.h"
 #include "transport/same_host.h"
 
 namespace py = pybind11;
@@ -421,6 +424,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("bounded_function", [](const torch::jit::StrongFunctionPtr& fn) {
     return torchrpc::script_dispatch::boundedRun(*fn.function_);
+  });
+
+  // The backend's check of upstream's payloads (tests/unit/test_upstream_payloads.py),
+  // and upstream's message types by name.
+  m.def("upstream_payload_check", [](int type, py::bytes payload, std::vector<at::Tensor> tensors) {
+    const std::string p = payload;
+    return torchrpc::torch_backend::checkUpstreamPayload(static_cast<torch::distributed::rpc::MessageType>(type),
+                                                          p.data(), p.size(), tensors);
+  });
+  m.def("upstream_message_types", [] {
+    std::map<std::string, int> types;
+    for (int t = 0; t < 0x400; ++t) {
+      auto name = torchrpc::torch_backend::upstreamTypeName(static_cast<torch::distributed::rpc::MessageType>(t));
+      if (name.rfind("type ", 0) != 0) types[name] = t;
+    }
+    return types;
   });
 
   // How deep shipped TorchScript source nests, and where (tests/unit/test_shipped_code.py).

@@ -7,6 +7,7 @@ for a call still in flight."""
 
 import os
 import signal
+import struct
 import threading
 import time
 
@@ -19,6 +20,7 @@ from torch.testing import assert_close
 from tests.multiprocess import funcs
 from tests.multiprocess import inline_calls_funcs as I
 from tests.multiprocess import layout_funcs as L
+from tests.multiprocess import probes
 from tests.multiprocess import torch_backend_funcs as F
 from tests.multiprocess.torch_backend_job import TorchBackendJob
 
@@ -57,6 +59,36 @@ def test_a_type_tag_nested_past_the_cap_is_refused_with_a_clear_error():
         with pytest.raises(Exception, match="a type tag nested 101 levels deep, over the cap of 100"):
             rpc.rpc_sync("worker1", F.len_past_the_cap, args=(F.nested(101),))
     assert rpc.rpc_sync("worker1", F.len_at_the_cap, args=(F.nested(100),)) == 1
+
+
+def test_a_python_pickle_that_would_grow_the_memo_is_refused_plain_or_wrapped():
+    # Python's unpickler would grow its memo to the index the pickle's first
+    # put declares (1.6 GB and seconds under the GIL) before it read on;
+    # upstream's callback unpickles what it is sent, so the backend checks
+    # it first, inside distributed autograd's and the profiler's wrappers too
+    # (a remote()'s refused creation leaves upstream's caller waiting, as
+    # with TensorPipe: tests/unit/test_upstream_payloads.py checks those).
+    from torch._C._distributed_rpc import _invoke_rpc_python_udf
+    from torch.autograd.profiler_legacy import profile
+    from torch.distributed.rpc.api import _enable_rpc_profiler
+    from torch.distributed.rpc.internal import RPCExecMode
+
+    worker1 = rpc.get_worker_info("worker1")
+    pid = rpc.rpc_sync(worker1, funcs.pid)
+    rss = probes.rss_bytes(pid)
+    bomb = b"\x80\x05N" + b"r" + struct.pack("<I", 101_317_043) + b"."
+    refused = "upstream's PYTHON_CALL .*pickle memo index 101317043 skips ahead"
+    with pytest.raises(RuntimeError, match=refused):
+        _invoke_rpc_python_udf(worker1, bomb, [], 10.0, False).wait()
+    with dist_autograd.context():
+        with pytest.raises(RuntimeError, match="FORWARD_AUTOGRAD_REQ wraps a message that holds Python's pickle memo"):
+            _invoke_rpc_python_udf(worker1, bomb, [torch.ones(2, requires_grad=True)], 10.0, False).wait()
+        with profile(), pytest.raises(RuntimeError, match="RUN_WITH_PROFILING_REQ wraps a message that wraps"):
+            with _enable_rpc_profiler(True, "bomb", None, RPCExecMode.ASYNC, worker1):  # as rpc_async does
+                fut = _invoke_rpc_python_udf(worker1, bomb, [], 10.0, False)
+            fut.wait()
+    assert probes.rss_bytes(pid) - rss < 200 << 20
+    assert rpc.rpc_sync(worker1, F.add, args=(1, 2)) == 3
 
 
 def test_rpc_async_of_a_python_function_many_in_flight():
