@@ -87,6 +87,7 @@ TorchAgent::TorchAgent(c10::intrusive_ptr<c10d::Store> store, agent::AgentOption
   agent_ = std::make_shared<agent::Agent>(options);
   try {
     auto [tcp, unixAddr] = agent_->listen();
+    tcpAddress_ = tcp;
     agent::PeerInfo me{options.name, options.rank, tcp, unixAddr, options.hostId};
     if (rendezvous_->dynamic()) {
       membership_ = std::make_unique<worker::Membership>(agent_, *rendezvous_);
@@ -436,6 +437,7 @@ std::unordered_map<std::string, std::string> TorchAgent::getDebugInfo() {
   info["agent.backend"] = "TORCHRPC";
   info["agent.connections"] = std::to_string(agent_->connectionCount());
   info["agent.pending_requests"] = std::to_string(agent_->pendingCount());
+  info["agent.address"] = tcpAddress_;
   return info;
 }
 

@@ -161,6 +161,7 @@ class TorchAgent : public upstream::RpcAgent {
   InlineScriptCalls inlineCalls_;
   std::unique_ptr<rendezvous::Rendezvous> rendezvous_;
   std::shared_ptr<agent::Agent> agent_;
+  std::string tcpAddress_;  // where this worker listens (get_debug_info's "agent.address")
   std::shared_ptr<worker::PeerWatch> peerWatch_;
   std::unique_ptr<worker::Membership> membership_;  // a dynamic job's
   mutable std::mutex infosMutex_;

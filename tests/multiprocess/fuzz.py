@@ -40,6 +40,21 @@ TYPES = {
     "AUTOGRAD_CALL": 50, "AUTOGRAD_RET": 51, "AUTOGRAD_BACKWARD": 52, "AUTOGRAD_CLEANUP": 53,
     "AUTOGRAD_PASS_DONE": 54,
 }
+# The TORCHRPC backend's frames (message_type.h): upstream's Message inside
+# (torch_backend/envelope.h), of upstream's types (torch/csrc/distributed/rpc/message.h)
+TORCH_REQUEST, TORCH_RESPONSE = 90, 91
+_REQ, _RESP = 0x100, 0x200
+UPSTREAM_TYPES = {
+    "SCRIPT_CALL": 0 | _REQ, "SCRIPT_RET": 1 | _RESP, "PYTHON_CALL": 2 | _REQ, "PYTHON_RET": 3 | _RESP,
+    "SCRIPT_REMOTE_CALL": 4 | _REQ, "PYTHON_REMOTE_CALL": 5 | _REQ, "REMOTE_RET": 6 | _RESP,
+    "SCRIPT_RREF_FETCH_CALL": 7 | _REQ, "PYTHON_RREF_FETCH_CALL": 8 | _REQ, "SCRIPT_RREF_FETCH_RET": 9 | _RESP,
+    "PYTHON_RREF_FETCH_RET": 10 | _RESP, "RREF_USER_DELETE": 11 | _REQ, "RREF_FORK_REQUEST": 12 | _REQ,
+    "RREF_CHILD_ACCEPT": 13 | _REQ, "RREF_ACK": 14 | _RESP, "FORWARD_AUTOGRAD_REQ": 15 | _REQ,
+    "FORWARD_AUTOGRAD_RESP": 16 | _RESP, "BACKWARD_AUTOGRAD_REQ": 17 | _REQ, "BACKWARD_AUTOGRAD_RESP": 18 | _RESP,
+    "CLEANUP_AUTOGRAD_CONTEXT_REQ": 19 | _REQ, "CLEANUP_AUTOGRAD_CONTEXT_RESP": 20 | _RESP,
+    "RUN_WITH_PROFILING_REQ": 21 | _REQ, "RUN_WITH_PROFILING_RESP": 22 | _RESP, "RREF_BACKWARD_REQ": 23 | _REQ,
+    "RREF_BACKWARD_RESP": 24 | _RESP, "EXCEPTION": 55 | _RESP,
+}
 DTYPE_CODES = {"uint8": 0, "int8": 1, "int16": 2, "int32": 3, "int64": 4, "float16": 5, "float32": 6,
                "float64": 7, "bool": 11}  # c10::ScalarType
 
@@ -144,6 +159,9 @@ def jit_pickle(value):
 
     class Pickler(pickle.Pickler):
         def reducer_override(self, obj):
+            if type(obj) is TypedDict:
+                from torch.jit._pickle import restore_type_tag
+                return restore_type_tag, (dict(obj), obj.tag)
             if isinstance(obj, torch.Tensor):
                 tensors.append(_tensor(obj))
                 return build_tensor_from_id, (len(tensors) - 1,)
@@ -154,6 +172,14 @@ def jit_pickle(value):
     buf = io.BytesIO()
     Pickler(buf, protocol=2).dump(value)
     return buf.getvalue(), tensors
+
+
+class TypedDict(dict):
+    """A dict that torch's pickler writes with its type tag ("Dict[str, str]")."""
+
+    def __init__(self, tag, *args):
+        super().__init__(*args)
+        self.tag = tag
 
 
 def script_call(id_, name, args):
@@ -256,6 +282,86 @@ def seed_frames(me, python_call, python_object):
     ]
     assert {name for name, _ in frames} == set(TYPES)
     return frames
+
+
+def backend_seed_frames(me, script_name, python_udf):
+    """Valid TORCH_REQUEST frames of upstream's request types, as its
+    serializers write them, sent as rank `me`, and one response to nothing.
+    script_name: a TorchScript function's qualified name, taking (Tensor,
+    Tensor); python_udf: (bytes, tensors) of upstream's pickled PythonUDF
+    (torch.distributed.rpc.internal._internal_rpc_pickler.serialize)."""
+    import torch
+
+    U = UPSTREAM_TYPES
+    a, b = torch.arange(4.0), torch.ones(4)
+    builtin = (a, b, 1, str(torch.ops.aten.add.Tensor._schema), "torch.ops.aten.add")
+    script = (a, b, False, script_name)
+    rref, fork, child = (me, 1 << 60), (me, (1 << 60) + 1), (me, (1 << 60) + 2)
+    udf, udf_tensors = python_udf
+
+    def torch_frame(id_, type_name, payload, tensors, grads=False):
+        flags = bytes(1 if grads and t.is_floating_point() else 0 for t in tensors)
+        return frame(TORCH_REQUEST, id_, struct.pack("<i", U[type_name]) + flags + payload,
+                     [_tensor(t) for t in tensors])
+
+    def jit(value):  # (payload, the tensors as torch tensors)
+        found = []
+
+        def note(t):
+            found.append(t)
+            return t
+        payload, _ = jit_pickle(_map_tensors(value, note))
+        return payload, found
+
+    def with_raw_string(values, raw):
+        """torch's pickle of `values`, whose "<raw>" string holds `raw` (Python's pickle: any bytes)."""
+        mark = "R" * len(raw)  # ASCII: as many bytes in the pickle as raw has
+        payload, tensors = jit(tuple(mark if isinstance(v, str) and v == "<raw>" else v for v in values))
+        return payload.replace(mark.encode(), raw, 1), tensors
+
+    def autograd(type_name, payload, context_id):
+        tail, _ = jit_pickle((U[type_name], context_id, 1, me, TypedDict("Dict[str, str]")))
+        return payload + tail + struct.pack(">q", len(tail))
+
+    script_payload, script_tensors = jit(script)
+    builtin_payload, builtin_tensors = jit(builtin)
+    remote_payload, remote_tensors = jit(builtin + (rref, fork))
+    py_remote_payload, _ = with_raw_string(tuple(udf_tensors) + ("<raw>", (me, (1 << 60) + 3),
+                                                                  (me, (1 << 60) + 4), False), udf)
+    grads_payload, grads_tensors = jit((a, 7, 2, False))
+    frames = [
+        ("SCRIPT_CALL", torch_frame(1, "SCRIPT_CALL", script_payload, script_tensors)),
+        ("SCRIPT_CALL", torch_frame(2, "SCRIPT_CALL", builtin_payload, builtin_tensors)),
+        ("PYTHON_CALL", torch_frame(3, "PYTHON_CALL", b"\x00" + udf, list(udf_tensors))),
+        ("SCRIPT_REMOTE_CALL", torch_frame(4, "SCRIPT_REMOTE_CALL", remote_payload, remote_tensors)),
+        ("PYTHON_REMOTE_CALL", torch_frame(5, "PYTHON_REMOTE_CALL", py_remote_payload, list(udf_tensors))),
+        ("SCRIPT_RREF_FETCH_CALL", torch_frame(6, "SCRIPT_RREF_FETCH_CALL", jit((rref, me))[0], [])),
+        ("PYTHON_RREF_FETCH_CALL", torch_frame(7, "PYTHON_RREF_FETCH_CALL", jit(((me, (1 << 60) + 3), me))[0], [])),
+        ("RREF_FORK_REQUEST", torch_frame(8, "RREF_FORK_REQUEST", jit((rref, child))[0], [])),
+        ("RREF_CHILD_ACCEPT", torch_frame(9, "RREF_CHILD_ACCEPT", jit((child,))[0], [])),
+        ("RREF_USER_DELETE", torch_frame(10, "RREF_USER_DELETE", jit((rref, child))[0], [])),
+        ("FORWARD_AUTOGRAD_REQ", torch_frame(11, "FORWARD_AUTOGRAD_REQ", autograd("SCRIPT_CALL", builtin_payload, 7),
+                                             builtin_tensors, grads=True)),
+        ("BACKWARD_AUTOGRAD_REQ", torch_frame(12, "BACKWARD_AUTOGRAD_REQ", grads_payload, grads_tensors)),
+        ("RREF_BACKWARD_REQ", torch_frame(13, "RREF_BACKWARD_REQ", jit((rref, 7, False))[0], [])),
+        ("CLEANUP_AUTOGRAD_CONTEXT_REQ", torch_frame(14, "CLEANUP_AUTOGRAD_CONTEXT_REQ", jit(7)[0], [])),
+        ("SCRIPT_RET", frame(TORCH_RESPONSE, 99, struct.pack("<i", U["SCRIPT_RET"]) + b"\x00" + jit(a)[0],
+                             [_tensor(a)])),
+    ]
+    return frames
+
+
+def _map_tensors(value, f):
+    """`value` with f applied to each tensor in it (tuples, lists and dicts followed)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return f(value)
+    if isinstance(value, tuple):
+        return tuple(_map_tensors(v, f) for v in value)
+    if isinstance(value, list):
+        return [_map_tensors(v, f) for v in value]
+    return value
 
 
 # ---- mutations --------------------------------------------------------------

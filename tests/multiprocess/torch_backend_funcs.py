@@ -50,6 +50,11 @@ def rref_value_plus(rref, n):
     return rref.to_here() + n
 
 
+def agent_address():
+    """Where this worker's agent listens for TCP connections ("tcp://host:port")."""
+    return rpc.api._get_current_rpc_agent().get_debug_info()["agent.address"]
+
+
 def exit_soon(delay):
     """Kills this worker `delay` seconds after answering: a peer dying."""
     threading.Timer(delay, os._exit, args=(7,)).start()

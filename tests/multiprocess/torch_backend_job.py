@@ -49,7 +49,7 @@ class TorchBackendJob:
     def log(self, rank):
         if self._final_logs is not None:
             return self._final_logs.get(rank, "")
-        with open(os.path.join(self.dir, f"worker{rank}.log")) as f:
+        with open(os.path.join(self.dir, f"worker{rank}.log"), errors="backslashreplace") as f:  # upstream logs raw bytes
             return f.read()
 
     def __enter__(self):

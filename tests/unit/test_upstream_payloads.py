@@ -115,3 +115,9 @@ def test_a_python_pickle_inside_torchs_that_torch_cannot_read_is_refused():
     ref = (b"\x80\x02ctorch.jit._pickle\nbuild_tensor_from_id\nK\x05\x85R" + b"X" + struct.pack("<I", 3) + b"abc"
            + b"\x86.")
     assert "cannot read" in check("PYTHON_REMOTE_CALL", ref, [torch.ones(1)])
+
+
+def test_the_fuzzers_upstream_types_are_upstreams():
+    from tests.multiprocess import fuzz
+
+    assert fuzz.UPSTREAM_TYPES == {name: t for name, t in types().items() if name != "UNKNOWN"}
