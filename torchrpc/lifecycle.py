@@ -152,3 +152,6 @@ def _shutdown_at_exit():
     # A process that forgot shutdown() still stops its threads before exiting.
     if state.current() is not None:
         shutdown(graceful=False)
+    # What torchrpc still has to drop is kept from here on: a thread that
+    # asks for the GIL while Python finalizes aborts the process.
+    native().stop_dropping(1.0)

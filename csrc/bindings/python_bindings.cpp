@@ -91,6 +91,10 @@ PYBIND11_MODULE(_C, m) {
   // Threads that hold the GIL drop sent tensors themselves (common/python_held.h).
   torchrpc::common::setGilCheck([] { return PyGILState_Check() != 0; });
   m.doc() = "torchrpc native core (internal; use the torchrpc package)";
+  m.def("stop_dropping", [](double seconds) {
+    py::gil_scoped_release released;  // the rpc-drop thread may need it to finish its batch
+    return torchrpc::common::stopDropping(seconds);
+  });
   py::register_local_exception_translator(translateErrors);
   pf::registerFutureErrorTranslator();  // a failed Python future raises a copy of its error
   torchrpc::bindings::bindTorchBackend(m);  // the TORCHRPC backend (torch_backend_bindings.cpp)

@@ -68,6 +68,8 @@ struct Dropper {
   enum class State { kBusy, kTimed, kAsleep } state{State::kBusy};
   bool prompt{false};   // a prompt drop is queued
   bool running{false};  // the thread was started (in this process: a forked child has none)
+  bool keep{false};     // Python is exiting: what is handed from now on is kept, never dropped
+  bool dropping{false};  // a batch is being dropped (outside the lock)
 
   bool empty() const { return queue.empty() && futures.empty() && tensors.empty(); }
 };
@@ -116,10 +118,20 @@ void run(Dropper& d) {
       futures.swap(d.futures);
       tensors.swap(d.tensors);
       d.prompt = false;
+      if (d.keep) {  // leaked on purpose: the process is ending (stopDropping)
+        new auto(std::move(batch));
+        new auto(std::move(futures));
+        new auto(std::move(tensors));
+        continue;
+      }
+      d.dropping = true;
     }
     batch.clear();  // takes the GIL where Python objects go with them
     futures.clear();
     tensors.clear();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    d.dropping = false;
+    d.drained.notify_all();
   }
 }
 
@@ -158,6 +170,13 @@ void hand(std::vector<T> Dropper::*list, T item, Drop urgency) noexcept {
 void dropAside(std::shared_ptr<void> held, Drop urgency) noexcept { hand(&Dropper::queue, std::move(held), urgency); }
 
 void setGilCheck(bool (*check)()) { gilCheck.store(check); }
+
+bool stopDropping(double seconds) {
+  Dropper& d = dropper();
+  std::unique_lock<std::mutex> lock(d.mutex);
+  d.keep = true;
+  return d.drained.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return !d.dropping; });
+}
 
 bool waitDropped(double seconds) {
   Dropper& d = dropper();

@@ -69,6 +69,14 @@ void dropAside(std::shared_ptr<void> held, Drop urgency = Drop::kPrompt) noexcep
 // PyGILState_Check; without Python, no thread does).
 void setGilCheck(bool (*check)());
 
+// At Python's exit, before it finalizes (atexit; call it without the GIL):
+// from now on the rpc-drop thread keeps what it is handed instead of
+// dropping it. Python ends a thread that asks for the GIL while it
+// finalizes, unwinding it through a destructor, which aborts the process
+// ("terminate called without an active exception"). Waits, at most
+// `seconds`, for a batch being dropped; false if it is still going.
+bool stopDropping(double seconds);
+
 // Waits, at most `seconds`, until the rpc-drop thread has dropped all it was
 // handed; false if it has not (RRefContext::waitIdle).
 bool waitDropped(double seconds);

@@ -55,14 +55,15 @@ def _check_seeds(address):
     with raw_peer.connect(address, SECRET.encode(), rank=FUZZ_RANK) as s:
         s.settimeout(10)
         seeds = _seeds()
-        for _, data in seeds:
+        for i, (_, data) in enumerate(seeds[:-1]):  # one at a time: the RRef seeds build on each other
             s.sendall(data)
-        while len(answers) < len(seeds) - 1:  # every request is answered; the response to nothing is not
-            type_, id_, payload = fuzz.read_frame(s)
-            if type_ == fuzz.TORCH_REQUEST:
-                continue  # worker1's own (it tells the context's workers that it cleaned context 7 up)
-            assert type_ == fuzz.TORCH_RESPONSE, (type_, payload[:200])
-            answers[id_] = (names.get(int.from_bytes(payload[:4], "little")), payload)
+            while i + 1 not in answers:  # each request is answered
+                type_, id_, payload = fuzz.read_frame(s)
+                if type_ == fuzz.TORCH_REQUEST:
+                    continue  # worker1's own (it tells the context's workers that it cleaned context 7 up)
+                assert type_ == fuzz.TORCH_RESPONSE, (type_, payload[:200])
+                answers[id_] = (names.get(int.from_bytes(payload[:4], "little")), payload)
+        s.sendall(seeds[-1][1])  # the response to nothing, which nothing answers
     wrong = {seeds[i - 1][0]: p[:300] for i, (name, p) in answers.items()
              if name == "EXCEPTION" and seeds[i - 1][0] not in ("BACKWARD_AUTOGRAD_REQ", "RREF_BACKWARD_REQ")}
     assert not wrong, wrong
