@@ -107,7 +107,8 @@ std::string checkPythonPicklesIn(const char* data, size_t size, const std::vecto
 }
 
 std::string check(T type, const char* data, size_t size, const std::vector<at::Tensor>& tensors, int wrappers) {
-  switch (formOf(type)) {
+  const Form form = formOf(type);
+  switch (form) {
     case Form::kNothing: return "";
     case Form::kWrapped: return checkWrapped(data, size, tensors, wrappers);
     case Form::kPythonPickle: {
@@ -120,13 +121,11 @@ std::string check(T type, const char* data, size_t size, const std::vector<at::T
       return bad.empty() ? "" : "holds Python's " + bad;
     }
     case Form::kTorchPickle:
-    case Form::kTorchPickleOfPythonPickles: {
-      const std::string bad = message::checkPickle(data, size, /*torchValues=*/true);
-      if (!bad.empty()) return "holds torch's " + bad;
-      return formOf(type) == Form::kTorchPickle ? "" : checkPythonPicklesIn(data, size, tensors);
-    }
+    case Form::kTorchPickleOfPythonPickles: break;
   }
-  return "";
+  const std::string bad = message::checkPickle(data, size, /*torchValues=*/true);
+  if (!bad.empty()) return "holds torch's " + bad;
+  return form == Form::kTorchPickle ? "" : checkPythonPicklesIn(data, size, tensors);
 }
 
 }  // namespace
