@@ -14,9 +14,12 @@ from tests.multiprocess import cluster
 @pytest.fixture(autouse=True)
 def _stacks_before_timeout(request):
     """Dumps the stacks of every live worker process shortly before
-    pytest-timeout fails a hung test (which then dumps this process)."""
+    pytest-timeout fails a hung test (which then dumps this process), and
+    ends the run if pytest-timeout cannot."""
     limit = cluster.test_timeout(request.node)
-    with cluster.watchdog(limit * 0.85 if limit else None):
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    with cluster.watchdog(limit * 0.85 if limit else None, give_up=limit + max(10.0, limit / 4) if limit else None,
+                          uncapture=lambda: capture.suspend_global_capture(in_=True), what=request.node.nodeid):
         yield
 
 

@@ -165,6 +165,7 @@ class InvocationFuture(torch.futures.Future):
 
     def wait(self):
         self._drive()
+        native().wait_for_future(self)  # on the main thread, Ctrl-C ends it
         return super().wait()
 
     def _drive(self):
@@ -215,6 +216,7 @@ class _ChainedFuture(torch.futures.Future):
 
     def wait(self):
         self._drive()
+        native().wait_for_future(self)
         return super().wait()
 
     def _drive(self):

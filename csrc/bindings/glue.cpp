@@ -97,6 +97,13 @@ std::function<void()> signalHandlerRunner() {
   return runSignalHandlers;
 }
 
+void waitForFuture(const py::object& future) {
+  auto fut = py::cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>(future)->fut;
+  if (fut->completed() || PyThread_get_thread_ident() != mainThreadIdent()) return;  // the caller's wait does it
+  py::gil_scoped_release nogil;
+  waitRunningSignalHandlers(*fut);
+}
+
 void Call::wait() const {
   if (future->completed()) return;  // completion callbacks find it done: they keep the GIL
   const bool mainThread = PyThread_get_thread_ident() == mainThreadIdent();
@@ -158,27 +165,20 @@ void Call::addDoneCallback(std::shared_ptr<pf::CallbackRunner> runner, py::objec
       letGoOf(s);
     } else if (s->target && !done.hasError() && !torchrpc::jit_ops::containsRRef(done.constValue())) {
       // A future with Python callbacks is completed on the Python lane, under
-      // the GIL (Python cannot add more while they start); one whose first
-      // callback comes after this post is handed over to that lane.
+      // the GIL (Python cannot add more while they start). One whose first
+      // callback comes after this post is completed under the GIL where it
+      // is: handed over to the Python lane, it would never complete if a
+      // callback there waited for it (that callback's own thread).
       const bool python = s->callbacks.load() != kNone;
-      auto task = [s = std::move(s), value = done.constValue(), python,
-                   lanes = std::weak_ptr<pf::CallbackRunner>(runner)]() mutable {
+      auto task = [s = std::move(s), value = done.constValue()]() mutable {
         if (s->settled.exchange(true)) return;
         int state = kNone;
         if (s->callbacks.compare_exchange_strong(state, kCompleting)) {
           s->target->markCompleted(std::move(value));
           return;
         }
-        auto complete = [s, value = std::move(value)]() mutable {
-          pf::Gil gil;
-          s->target->markCompleted(std::move(value));
-        };
-        auto handOver = python ? nullptr : lanes.lock();
-        if (handOver) {
-          handOver->post(std::move(complete), nullptr, nullptr, true);
-        } else {
-          complete();
-        }
+        pf::Gil gil;
+        s->target->markCompleted(std::move(value));
       };
       runner->post(std::move(task), std::move(callback), std::move(references), python);
     } else {

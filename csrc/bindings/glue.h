@@ -40,6 +40,10 @@ py::tuple outcome(const c10::ivalue::Future& future);
 // (taking the GIL) and throws py::error_already_set if one raised (Ctrl-C),
 // for waits to call now and then; elsewhere none. Needs the GIL.
 std::function<void()> signalHandlerRunner();
+// Returns once the torch.futures.Future `future` is done; on Python's main
+// thread its wait wakes every 100 ms to run signal handlers (so Ctrl-C, or a
+// test's timeout, ends a wait that no completion will end), as Call::wait.
+void waitForFuture(const py::object& future);
 
 // A call in flight, as Python sees it.
 struct Call {

@@ -114,6 +114,7 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("set_future_error", &pf::setFutureError);
   m.def("on_callback_thread", &pf::CallbackRunner::onRunnerThread);
+  m.def("wait_for_future", &waitForFuture);
   m.def("local_host_id", &torchrpc::worker::localHostId);
 
   // A connection's limits (transport/connection.h Limits), as RpcOptions names them.

@@ -304,8 +304,12 @@ def test_timeout(item):
 
 
 @contextlib.contextmanager
-def watchdog(seconds):
-    """Dumps every live cluster's stacks if the block runs past `seconds`."""
+def watchdog(seconds, give_up=None, uncapture=lambda: None, what="the test"):
+    """Dumps every live cluster's stacks if the block runs past `seconds`.
+    Past `give_up` (when pytest-timeout could not interrupt it: its signal
+    handler runs only once the main thread is back in Python) ends the
+    whole run, so that a hang fails CI at once instead of stalling it,
+    after `uncapture()` (pytest's capture would swallow the stacks)."""
     if not seconds:
         yield
         return
@@ -314,10 +318,24 @@ def watchdog(seconds):
         for c in list(_live):
             c.dump_stacks()
 
-    timer = threading.Timer(seconds, fire)
-    timer.daemon = True
-    timer.start()
+    def end_run():
+        uncapture()
+        sys.stderr.write(f"\n===== {what} still runs {give_up:.0f} s after it began, and pytest-timeout could not "
+                         "interrupt it (its main thread is blocked outside Python): ending the run =====\n")
+        fire()
+        if not _live:  # dump_stacks shows this process too
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        for c in list(_live):
+            c.kill_all()
+        os._exit(3)
+
+    timers = [threading.Timer(seconds, fire)] + ([threading.Timer(give_up, end_run)] if give_up else [])
+    for timer in timers:
+        timer.daemon = True
+        timer.start()
     try:
         yield
     finally:
-        timer.cancel()
+        for timer in timers:
+            timer.cancel()
