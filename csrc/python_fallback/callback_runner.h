@@ -13,7 +13,9 @@
 //   the GIL, taken once per batch;
 // - "rpc-completions", the native lane: a script, builtin or exported result
 //   (bindings/glue.h), which takes no GIL (callbacks that torch's Python
-//   bindings put on the future, collect_all's, may). It neither stops the
+//   bindings put on the future, collect_all's, may; so does a future whose
+//   first Python callback came while its completion was queued here, which
+//   completes here, under the GIL: glue.cpp says why). It neither stops the
 //   thread that is issuing calls nor waits behind a Python completion that
 //   waits for the GIL.
 // The Python references a native completion leaves behind (its call's

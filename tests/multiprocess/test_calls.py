@@ -4,6 +4,7 @@ execution (the values calls carry: test_values.py)."""
 
 import os
 import pickle
+import random
 import signal
 import sys
 import threading
@@ -325,6 +326,69 @@ def test_a_callback_may_wait_for_another_call_and_its_chain():
     for _ in range(10000):
         fut = rpc.rpc_async("worker1", torch.add, args=(torch.ones(2), 1)).then(callback)
         assert fut.wait().tolist() == [40.0, 40.0]
+
+
+def test_futures_waited_for_in_every_way_from_callbacks_all_complete():
+    # A seeded mix of what callbacks do with other calls' futures (then,
+    # add_done_callback, nested waits, rpc_sync, remote().to_here(), an RRef
+    # proxy, self calls), from 3 threads at once: every future completes with
+    # its value, none waits for a thread that is waiting for it.
+    one = torch.ones(2)
+    calls = [lambda: rpc.rpc_async("worker1", torch.add, args=(one, 1)),
+             lambda: rpc.rpc_async("worker1", funcs.add, args=(one, one)),
+             lambda: rpc.rpc_async("worker2", funcs.sleep, args=(0.0,)),
+             lambda: rpc.rpc_async("worker0", torch.add, args=(one, 1)),
+             lambda: rpc.rpc_async("worker0", funcs.sleep, args=(0.0,))]
+    expected = [[2.0, 2.0], [2.0, 2.0], 0.0, [2.0, 2.0], 0.0]
+
+    def in_callback(rng):
+        r = rng.random()
+        if r < 0.25:
+            return rpc.rpc_sync("worker1", torch.add, args=(one, 1))
+        if r < 0.5:
+            return rpc.remote("worker2", funcs.add, args=(one, one)).to_here()
+        if r < 0.75:
+            return rpc.remote("worker1", torch.add, args=(one, 1)).rpc_async().add(1).wait()
+        return rpc.remote("worker0", funcs.sleep, args=(0.0,)).to_here()
+
+    def make(rng, depth):
+        kind = rng.randrange(len(calls))
+        fut, r = calls[kind](), rng.random()
+        if r < 0.3 and depth < 2:
+            deeper = random.Random(rng.random())  # callbacks run on other threads: each its own generator
+            fut = fut.then(lambda f: (f.wait(), make(deeper, depth + 1)[0].wait())[0])
+        elif r < 0.5:
+            extra = random.Random(rng.random())
+            fut = fut.then(lambda f: (f.wait(), in_callback(extra))[0])
+        elif r < 0.6:
+            fut.add_done_callback(lambda f: None)
+        elif r < 0.7 and depth < 2:
+            deeper, inner = random.Random(rng.random()), []
+            fut.add_done_callback(lambda f: inner.append(make(deeper, depth + 1)[0].wait()))
+        return fut, expected[kind]
+
+    def rounds(seed, n, errors):
+        rng = random.Random(seed)
+        try:
+            for _ in range(n):
+                made = [make(rng, 0) for _ in range(rng.randint(1, 6))]
+                if rng.random() < 0.5:
+                    torch.futures.wait_all([fut for fut, _ in made])
+                for fut, value in made:
+                    got = fut.wait()
+                    assert (got.tolist() if isinstance(got, torch.Tensor) else got) == value
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    errors = []
+    threads = [threading.Thread(target=rounds, args=(seed, 300, errors)) for seed in (1, 2)]
+    for t in threads:
+        t.start()
+    rounds(3, 600, errors)
+    for t in threads:
+        t.join(60)
+    assert not errors, errors[0]
+    assert not any(t.is_alive() for t in threads)
 
 
 def test_waiting_on_a_future_does_not_need_the_callback_thread():
