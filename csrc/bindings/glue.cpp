@@ -2,6 +2,7 @@
 
 #include <torch/csrc/jit/python/pybind_utils.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -67,7 +68,11 @@ void runSignalHandlers() {
   if (PyErr_CheckSignals() != 0) throw py::error_already_set();
 }
 
-// future.wait(), waking every 100 ms to run Python's signal handlers.
+// future.wait(), waking every 100 ms or so to run Python's signal handlers.
+// Its callback wakes it, but runs after the future's earlier callbacks, so
+// the wait also checks completed(), at intervals that grow from 1 ms: it
+// returns once the value is set, as torch's wait does, not once a slow
+// callback added before it has returned (which may wait for this thread).
 void waitRunningSignalHandlers(c10::ivalue::Future& future) {
   struct Waiter {
     std::mutex mutex;
@@ -82,11 +87,19 @@ void waitRunningSignalHandlers(c10::ivalue::Future& future) {
     }
     waiter->cv.notify_all();
   });
+  using std::chrono::milliseconds;
+  constexpr milliseconds kSignalsEvery(100);
+  milliseconds slice(1), sinceSignals(0);
   std::unique_lock<std::mutex> lock(waiter->mutex);
-  while (!waiter->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return waiter->done; })) {
-    lock.unlock();
-    runSignalHandlers();
-    lock.lock();
+  while (!waiter->cv.wait_for(lock, slice, [&] { return waiter->done || future.completed(); })) {
+    sinceSignals += slice;
+    slice = std::min(slice * 2, kSignalsEvery);
+    if (sinceSignals >= kSignalsEvery) {
+      sinceSignals = milliseconds(0);
+      lock.unlock();
+      runSignalHandlers();
+      lock.lock();
+    }
   }
 }
 

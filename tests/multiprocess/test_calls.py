@@ -391,6 +391,29 @@ def test_futures_waited_for_in_every_way_from_callbacks_all_complete():
     assert not any(t.is_alive() for t in threads)
 
 
+@pytest.mark.parametrize("on", ["main", "thread"])
+def test_a_wait_returns_once_the_value_is_set_not_once_earlier_callbacks_returned(on):
+    # As torch's: the callback here waits for what this thread does after its
+    # wait; on the main thread (whose waits also run signal handlers) too.
+    release = threading.Event()
+    fut = rpc.rpc_async("worker1", funcs.sleep, args=(0.05,))
+    fut.add_done_callback(lambda f: release.wait(10))
+    took = []
+
+    def wait():
+        started = time.monotonic()
+        took.append((fut.wait(), time.monotonic() - started))
+        release.set()
+
+    if on == "main":
+        wait()
+    else:
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        waiter.join(20)
+    assert took and took[0][0] == 0.05 and took[0][1] < 5, took
+
+
 def test_waiting_on_a_future_does_not_need_the_callback_thread():
     # the callback thread is kept busy for up to 2 s; waiters complete their own futures
     entered, release = threading.Event(), threading.Event()
