@@ -77,21 +77,19 @@ void waitRunningSignalHandlers(c10::ivalue::Future& future) {
   struct Waiter {
     std::mutex mutex;
     std::condition_variable cv;
-    bool done = false;
   };
   auto waiter = std::make_shared<Waiter>();
   future.addCallback([waiter](c10::ivalue::Future&) {
-    {
-      std::lock_guard<std::mutex> lock(waiter->mutex);
-      waiter->done = true;
-    }
+    // The future is completed already; the lock orders this wake-up after
+    // the waiter's check of completed().
+    { std::lock_guard<std::mutex> lock(waiter->mutex); }
     waiter->cv.notify_all();
   });
   using std::chrono::milliseconds;
   constexpr milliseconds kSignalsEvery(100);
   milliseconds slice(1), sinceSignals(0);
   std::unique_lock<std::mutex> lock(waiter->mutex);
-  while (!waiter->cv.wait_for(lock, slice, [&] { return waiter->done || future.completed(); })) {
+  while (!waiter->cv.wait_for(lock, slice, [&] { return future.completed(); })) {
     sinceSignals += slice;
     slice = std::min(slice * 2, kSignalsEvery);
     if (sinceSignals >= kSignalsEvery) {
