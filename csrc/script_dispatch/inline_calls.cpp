@@ -45,17 +45,36 @@ std::chrono::nanoseconds threadCpuTime() {
   return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
 }
 
+// Until when runs read the CPU clock (steady_clock ticks); relaxed: a run
+// that reads a stale value is timed one way or the other, both safe.
+std::atomic<int64_t> cpuClockArmedUntil{0};
+
 }  // namespace
 
-RunTimer::RunTimer() : wallStart_(std::chrono::steady_clock::now()), cpuStart_(threadCpuTime()) {}
+RunTimer::RunTimer()
+    : wallStart_(std::chrono::steady_clock::now()),
+      timedByCpu_(wallStart_.time_since_epoch().count() < cpuClockArmedUntil.load(std::memory_order_relaxed)),
+      cpuStart_(timedByCpu_ ? threadCpuTime() : std::chrono::nanoseconds(0)) {}
 
 std::chrono::nanoseconds RunTimer::wall() const { return std::chrono::steady_clock::now() - wallStart_; }
 
 std::chrono::nanoseconds RunTimer::cpu() const { return threadCpuTime() - cpuStart_; }
 
+void RunTimer::armCpuClock() {
+  const auto until = std::chrono::steady_clock::now() + kCpuClockArmed;
+  cpuClockArmedUntil.store(until.time_since_epoch().count(), std::memory_order_relaxed);
+}
+
 void RunRecord::record(const RunTimer& run) {
   std::chrono::nanoseconds took = run.wall();
-  if (took >= kShortRun) took = std::min(took, run.cpu());
+  if (took >= kShortRun) {
+    if (run.timedByCpu()) {
+      took = std::min(took, run.cpu());
+    } else {  // maybe time off the core: between, and the next runs tell
+      RunTimer::armCpuClock();
+      took = kShortRun;
+    }
+  }
   // Relaxed, racy counts: concurrent runs may lose an update, never a long run's reset.
   if (took >= kLongRun) {
     shortRuns_.store(0, std::memory_order_relaxed);

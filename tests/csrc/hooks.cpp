@@ -464,4 +464,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     }
     return record.provenShort();
   });
+
+  // Whether a run reads the CPU clock: after `idleMs` with no run, then
+  // after a run of 2 ms off the core (tests/unit/test_inline_calls.py).
+  m.def("cpu_clock_read", [](int idleMs) {
+    py::gil_scoped_release noGil;
+    std::this_thread::sleep_for(std::chrono::milliseconds(idleMs));
+    torchrpc::script_dispatch::RunRecord record;
+    const torchrpc::script_dispatch::RunTimer first;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    record.record(first);
+    const torchrpc::script_dispatch::RunTimer next;
+    return std::make_pair(first.timedByCpu(), next.timedByCpu());
+  });
 }
