@@ -1,8 +1,11 @@
 """Where a tiny ``rpc_sync``'s time goes, step by step, without changing the
 product: ``python benchmarks/call_segments.py [--api torchrpc|backend]
-[--kind script|builtin|python] [--compute-us N]``. With ``--compute-us`` the
-caller computes that long before each call, as a trainer does between its
-calls; such a call finds the other side's threads asleep.
+[--kind script|builtin|python|proxy] [--compute-us N]``. With
+``--compute-us`` the caller computes that long before each call, as a
+trainer does between its calls; such a call finds the other side's threads
+asleep. ``proxy`` is the split-RNN's forward call (run_all's training):
+``rref.rpc_sync().forward(tokens)`` of an embedding table on the callee,
+inside a distributed autograd context.
 
 Two worker processes run with an LD_PRELOAD shim (call_segments_shim.c,
 built here with gcc) that timestamps the syscalls marking each step: the
@@ -18,6 +21,7 @@ syscall by well under a microsecond.
 import argparse
 import bisect
 import collections
+import contextlib
 import glob
 import json
 import os
@@ -41,27 +45,16 @@ WORKER_DEADLINE_S = 90  # before the smoke test gives up (110 s), so the workers
 
 def _worker(args):
     """One of the two processes: rank 0 serves, rank 1 times the calls."""
-    from benchmarks import backends, scenarios
+    from benchmarks import backends
 
     backend = backends.load(args.api if args.api == "backend" else "torchrpc")
     rpc = backend.rpc
     name = ROLES[args.rank]
     rpc.init_rpc(name, rank=args.rank, world_size=2, **backend.init_kwargs(args.port, 16, 60))
     if args.rank == 1:
-        fn, fn_args = scenarios.LATENCY_CALLS[args.kind]
-        for _ in range(args.warmup):
-            rpc.rpc_sync(CALLEE, fn, args=fn_args)
-        calls = []
-        for _ in range(args.calls):
-            if args.compute_us:  # the caller computes first, as a trainer does between calls
-                until = time.monotonic_ns() + args.compute_us * 1000
-                while time.monotonic_ns() < until:
-                    pass
-            start = time.monotonic_ns()
-            rpc.rpc_sync(CALLEE, fn, args=fn_args)
-            calls.append((start, time.monotonic_ns()))
-        with open(os.path.join(args.dir, "calls.json"), "w") as f:
-            json.dump({"pid": os.getpid(), "calls": calls}, f)
+        call, context = _call_of(args.kind, backend)
+        with context:
+            _time_calls(args, call)
     threads = {}
     for tid in os.listdir("/proc/self/task"):
         try:
@@ -72,6 +65,41 @@ def _worker(args):
     with open(os.path.join(args.dir, f"threads.{os.getpid()}.json"), "w") as f:
         json.dump(threads, f)
     rpc.shutdown()
+
+
+def _call_of(kind, backend):
+    """(the timed call, the context it runs in) for `kind`."""
+    import torch
+
+    from benchmarks import run_all, scenarios
+
+    rpc = backend.rpc
+    if kind != "proxy":
+        fn, fn_args = scenarios.LATENCY_CALLS[kind]
+        return (lambda: rpc.rpc_sync(CALLEE, fn, args=fn_args)), contextlib.nullcontext()
+    from tutorials import distributed_rnn
+
+    sz = run_all.CONFIGS["full"]["rnn"]
+    table = rpc.remote(CALLEE, distributed_rnn.EmbeddingTable, args=(sz["ntoken"], sz["ninp"]))
+    tokens = torch.randint(sz["ntoken"], (sz["seq_len"], sz["batch"]))
+    return (lambda: table.rpc_sync().forward(tokens)), backend.autograd.context()
+
+
+def _time_calls(args, call):
+    """Times args.warmup + args.calls calls of `call`; writes calls.json."""
+    for _ in range(args.warmup):
+        call()
+    calls = []
+    for _ in range(args.calls):
+        if args.compute_us:  # the caller computes first, as a trainer does between calls
+            until = time.monotonic_ns() + args.compute_us * 1000
+            while time.monotonic_ns() < until:
+                pass
+        start = time.monotonic_ns()
+        call()
+        calls.append((start, time.monotonic_ns()))
+    with open(os.path.join(args.dir, "calls.json"), "w") as f:
+        json.dump({"pid": os.getpid(), "calls": calls}, f)
 
 
 def _run(args, folder):
@@ -158,7 +186,7 @@ STEPS = {"issue": "rpc_sync entered -> request's send", "to callee": "request's 
 
 def report(rows, args):
     after = f", each after {args.compute_us} µs of compute" if args.compute_us else ""
-    print(f"{args.api}, rpc_sync of a tiny {args.kind} call{after}: {len(rows)} calls matched; median µs")
+    print(f"{args.api}, rpc_sync of a {args.kind} call{after}: {len(rows)} calls matched; median µs")
     for step, what in STEPS.items():
         who = collections.Counter(r[step][1] for r in rows).most_common(1)[0][0]
         median = statistics.median(r[step][0] for r in rows) / 1000
@@ -171,7 +199,7 @@ def report(rows, args):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--api", choices=("torchrpc", "backend"), default="torchrpc")
-    parser.add_argument("--kind", choices=("script", "builtin", "python"), default="script")
+    parser.add_argument("--kind", choices=("script", "builtin", "python", "proxy"), default="script")
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=500)
     parser.add_argument("--compute-us", type=int, default=0,

@@ -96,17 +96,32 @@ def test_training_steps_reports_each_step_of_both_iterations():
         assert "(sum " in rows[label] and " 0 µs)" not in rows[label], rows[label]
 
 
-@pytest.mark.timeout(120)
-def test_call_segments_reports_each_step_of_a_call():
-    out = run(["benchmarks/call_segments.py", "--calls", "300", "--warmup", "100", "--compute-us", "100"], timeout=110)
-    assert "each after 100 µs of compute" in out, out
+def _call_segments(*args):
+    """call_segments.py's output for `args`, and its step rows by step name
+    (each checked to have taken some time)."""
+    out = run(["benchmarks/call_segments.py", *args], timeout=110)
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  ")}
     for step in ("issue", "callee", "complete", "total"):
         assert step in rows and float(rows[step][1]) > 0, out
+    return out, rows
+
+
+@pytest.mark.timeout(120)
+def test_call_segments_reports_each_step_of_a_call():
+    out, rows = _call_segments("--calls", "300", "--warmup", "100", "--compute-us", "100")
+    assert "each after 100 µs of compute" in out, out
     # A tiny script call runs on the thread that read it once proven short
     # (csrc/script_dispatch/inline_calls.h), its first ones on the pool.
     assert rows["callee"][-1] in ("rpc-io", "rpc-pool") and "to" in rows, out
     assert "caller's waiting thread woken:" in out, out
+
+
+@pytest.mark.timeout(120)
+def test_call_segments_times_the_split_rnn_proxy_call_in_an_autograd_context():
+    out, rows = _call_segments("--kind", "proxy", "--calls", "200", "--warmup", "50")
+    assert "rpc_sync of a proxy call:" in out, out
+    # A method of a Python object runs under the GIL on a pool thread.
+    assert rows["callee"][-1] == "rpc-pool", out
 
 
 def _paired_workers():
