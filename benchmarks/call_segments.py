@@ -1,4 +1,4 @@
-"""Where a tiny ``rpc_sync``'s time goes, step by step, without changing the
+"""Where an ``rpc_sync``'s time goes, step by step, without changing the
 product: ``python benchmarks/call_segments.py [--api torchrpc|backend]
 [--kind script|builtin|python|proxy] [--compute-us N]``. With
 ``--compute-us`` the caller computes that long before each call, as a
