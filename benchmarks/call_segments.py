@@ -45,10 +45,12 @@ WORKER_DEADLINE_S = 90  # before the smoke test gives up (110 s), so the workers
 
 def _worker(args):
     """One of the two processes: rank 0 serves, rank 1 times the calls."""
-    from benchmarks import backends
+    from benchmarks import backends, scenarios
 
     backend = backends.load(args.api if args.api == "backend" else "torchrpc")
     rpc = backend.rpc
+    if args.rank == 0 and args.kind == "proxy":
+        scenarios.serve_split_rnn(backend)
     name = ROLES[args.rank]
     rpc.init_rpc(name, rank=args.rank, world_size=2, **backend.init_kwargs(args.port, 16, 60))
     if args.rank == 1:
@@ -69,20 +71,13 @@ def _worker(args):
 
 def _call_of(kind, backend):
     """(the timed call, the context it runs in) for `kind`."""
-    import torch
-
     from benchmarks import run_all, scenarios
 
-    rpc = backend.rpc
     if kind != "proxy":
         fn, fn_args = scenarios.LATENCY_CALLS[kind]
-        return (lambda: rpc.rpc_sync(CALLEE, fn, args=fn_args)), contextlib.nullcontext()
-    from tutorials import distributed_rnn
-
-    sz = run_all.CONFIGS["full"]["rnn"]
-    table = rpc.remote(CALLEE, distributed_rnn.EmbeddingTable, args=(sz["ntoken"], sz["ninp"]))
-    tokens = torch.randint(sz["ntoken"], (sz["seq_len"], sz["batch"]))
-    return (lambda: table.rpc_sync().forward(tokens)), backend.autograd.context()
+        return (lambda: backend.rpc.rpc_sync(CALLEE, fn, args=fn_args)), contextlib.nullcontext()
+    m = scenarios.SplitRnn(backend, CALLEE, run_all.CONFIGS["full"]["rnn"])  # run_all's training model
+    return (lambda: m.model.embedding.rpc_sync().forward(m.tokens)), backend.autograd.context()
 
 
 def _time_calls(args, call):

@@ -290,6 +290,15 @@ def _create_and_drop(rpc, to, x, n):
 TRAIN_BLOCK = 20  # iterations per block of training(); see there
 
 
+def serve_split_rnn(backend):
+    """Points the tutorial's model at `backend`, in the process that serves
+    SplitRnn's remote modules: the parameter RRefs they make are then this
+    backend's."""
+    from tutorials import distributed_rnn
+
+    distributed_rnn.rpc = backend.rpc
+
+
 class SplitRnn:
     """tutorials/distributed_rnn.py's split model on `backend` (embedding and
     decoder on worker `ps`, the LSTM here) with its DistributedOptimizer
@@ -300,7 +309,7 @@ class SplitRnn:
     def __init__(self, backend, ps, sz):
         from tutorials import distributed_rnn as rnn
 
-        rnn.rpc = backend.rpc  # the tutorial's model on this backend
+        serve_split_rnn(backend)  # the tutorial's model on this backend, here too
         self.tokens, self._target = next(rnn.batches(sz["ntoken"], sz["seq_len"], sz["batch"], 1,
                                                      torch.Generator().manual_seed(0)))
         self._hidden_shape = (sz["nlayers"], sz["batch"], sz["nhid"])

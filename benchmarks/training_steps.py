@@ -96,10 +96,8 @@ def trainer(backend, iterations):
 def worker(rank, name, port, iterations, threads):
     torch.set_num_threads(threads)
     backend = backends.load(name)
-    if rank == 1:  # the parameter server: the model's RRefs are this backend's
-        from tutorials import distributed_rnn
-
-        distributed_rnn.rpc = backend.rpc
+    if rank == 1:  # the parameter server
+        scenarios.serve_split_rnn(backend)
     kwargs = backend.init_kwargs(port, num_worker_threads=16, rpc_timeout=60)
     backend.rpc.init_rpc(["trainer", "ps"][rank], rank=rank, world_size=2, **kwargs)
     if rank == 0:

@@ -83,9 +83,7 @@ def job_training(backend, control, rank, spec):
 
     torch.set_num_threads(1)
     if rank == 0:
-        from tutorials import distributed_rnn
-
-        distributed_rnn.rpc = backend.rpc  # its parameter RRefs are this backend's
+        scenarios.serve_split_rnn(backend)
         return _serve(backend, control, rank, spec)
     _init(backend, control, "trainer", rank, spec)
     result = {"training": scenarios.training(backend, CALLEE, spec["cfg"])}
